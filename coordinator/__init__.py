@@ -1,0 +1,1 @@
+"""The coordinator: workflow state in PostgreSQL, task leases, the state machine and the outbox relay."""

@@ -1,0 +1,1 @@
+"""The Python language server: runs user-written Python steps in layered sandboxes."""
