@@ -66,7 +66,8 @@ async def test_outbox_rows_committed_while_no_relay_runs_are_published_when_one_
             what="the outbox row marked published",
         )
     key = (await redis_client.keys("wf:tasks:http:*"))[0]
-    ((_, fields),) = await redis_client.xrange(key)
+    entries: Any = await redis_client.xrange(key)
+    ((_, fields),) = entries
     message = TaskMessage.parse(fields)
     assert (message.run_id, message.node_id, message.attempt) == (str(started.run_id), "a", 1)
 

@@ -85,7 +85,7 @@ def pipeline_handler(n: int) -> Handler:
 
     async def handle(message: TaskMessage) -> tuple[bool, Any]:
         body = message.input
-        code_input = body.get("input") if isinstance(body, dict) and "code" in body else None
+        code_input: Any = body.get("input") if isinstance(body, dict) and "code" in body else None
         match message.node_id:
             case "fetch":
                 return True, {"items": items}
@@ -381,7 +381,7 @@ async def test_release_requeues_the_same_attempt_at_once(
     async def two_dispatches() -> bool:
         total = 0
         for key in await redis_client.keys("wf:tasks:http:*"):
-            entries = await redis_client.xrange(key)
+            entries: Any = await redis_client.xrange(key)
             total += sum(1 for _, f in entries if TaskMessage.parse(f).task_id == task_id)
         return total == 2
 
