@@ -158,3 +158,28 @@ async def test_acknowledged_entries_are_trimmed_and_pending_ones_kept(
 async def _ok(message: TaskMessage) -> tuple[bool, Any]:
     await asyncio.sleep(0)
     return True, {"node": message.node_id}
+
+
+async def test_a_run_continues_after_the_coordinator_is_sigkilled_and_restarted(
+    coordinator_process: Any, redis_client: aioredis.Redis
+) -> None:
+    import grpc
+
+    from tests.coordinator_harness import CoordinatorHandle
+
+    process = await coordinator_process()
+    async with grpc.aio.insecure_channel(process.addr) as channel:
+        handle = CoordinatorHandle(
+            addr=process.addr,
+            database_url=process.env["DATABASE_URL"],
+            redis_url=process.env["REDIS_ADDR"],
+            channel=channel,
+        )
+        await handle.register(TWO_STEPS)
+        run_ids = [await handle.start_run("two-steps", {"i": i}) for i in range(20)]
+        process.kill()  # some dispatches committed but perhaps not yet published
+        process.spawn()
+        await process.wait_serving()
+        async with worker_running(handle, _ok):
+            runs = [await handle.wait_for_run(run_id, timeout_s=30) for run_id in run_ids]
+    assert {pb.RunState.Name(r.state) for r in runs} == {"RUN_STATE_COMPLETED"}
