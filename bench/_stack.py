@@ -89,13 +89,22 @@ async def coordinator(database_url: str, redis_url: str, **env: str) -> AsyncIte
         proc.wait(30)
 
 
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Starts `python <args>` from this checkout with extra environment variables."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
+        stdout=subprocess.DEVNULL,
+    )
+
+
 async def wait_serving(addr: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+                raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
             with contextlib.suppress(grpc.aio.AioRpcError):
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
