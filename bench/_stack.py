@@ -95,15 +95,6 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Starts `python <args>` from this checkout with extra environment variables."""
-    return subprocess.Popen(
-        [sys.executable, *args],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
-        stdout=subprocess.DEVNULL,
-    )
-
-
 async def wait_serving(addr: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     async with grpc.aio.insecure_channel(addr) as channel:
