@@ -97,9 +97,7 @@ class Breach:
             self.connections += 1
 
     def leaked(self, response: langserver_pb2.ExecuteResponse) -> list[str]:
-        text = "\n".join(
-            (response.output_json, response.logs, response.error.message, response.error.traceback)
-        )
+        text = "\n".join((response.output_json, response.logs, response.error.message, response.error.traceback))
         secrets = {
             "environment secret": self.secret_value,
             "secret file": self.secret_file.read_text(),

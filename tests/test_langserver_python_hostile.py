@@ -82,9 +82,7 @@ ATTACKS: dict[str, str] = {
     "setattr on a stdlib class": _main(
         "setattr(json.JSONEncoder, 'encode', lambda s, o: 'pwned')\nreturn 1", "import json"
     ),
-    "violation caught by except Exception": _main(
-        "try:\n    import os\nexcept Exception:\n    pass\nreturn 'escaped'"
-    ),
+    "violation caught by except Exception": _main("try:\n    import os\nexcept Exception:\n    pass\nreturn 'escaped'"),
     "violation caught by bare except": _main("try:\n    getattr(1, '__class__')\nexcept:\n    pass\nreturn 1"),
     # reachability through allowed modules
     "json submodule": _main("from json import decoder\nreturn str(decoder)"),
@@ -153,14 +151,17 @@ def _ends_quickly(started: float, limit_s: float) -> None:
 async def _still_serves(server: RunningServer) -> None:
     async with server.client() as client:
         response = await client.execute("def main(input):\n    return input + 1\n", "41")
-    assert response.success and response.output_json == "42", response
+    assert response.success, response
+    assert response.output_json == "42"
 
 
 async def test_infinite_loop_ends_within_timeout_plus_one_second(server: RunningServer) -> None:
     async with server.client() as client:
         started = time.monotonic()
         response = await client.execute(
-            _main("while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"),
+            _main(
+                "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"
+            ),
             timeout_seconds=1,
         )
     _ends_quickly(started, 2.0)
@@ -224,7 +225,8 @@ async def test_huge_output_is_output_too_large(server: RunningServer) -> None:
 async def test_huge_logs_are_truncated_not_fatal(server: RunningServer) -> None:
     async with server.client() as client:
         response = await client.execute(_main("for i in range(1000):\n    print('y' * 1000)\nreturn 'done'"))
-    assert response.success and response.output_json == '"done"'
+    assert response.success
+    assert response.output_json == '"done"'
     assert response.logs_truncated
     assert len(response.logs.encode()) <= 4096
 
@@ -236,7 +238,9 @@ async def test_error_never_carries_host_paths(server: RunningServer) -> None:
     assert response.error.kind == KIND.ERROR_KIND_RUNTIME
     assert response.error.message.startswith("JSONDecodeError: Expecting property name")
     for text in (response.error.message, response.error.traceback):
-        assert "/work" not in text and "site-packages" not in text and "python3" not in text
+        assert "/work" not in text
+        assert "site-packages" not in text
+        assert "python3" not in text
         assert str(Path(__file__).parent.parent) not in text
     assert response.error.traceback.splitlines()[1:] == [
         '  File "parse.py", line 3, in main',

@@ -13,6 +13,7 @@ language layer alone refuses the code before it runs.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +190,9 @@ async def test_process_layer_alone_hides_the_environment(process_only: RunningSe
         response = await client.execute(code)
     assert response.success, response.error
     assert "PROCESS-LAYER-SECRET" not in response.output_json
-    env_value, environ, cwd, listing, proc_environ = __import__("json").loads(response.output_json)
-    assert env_value is None and environ == {} and listing == [] and proc_environ == "PermissionError"
+    env_value, environ, cwd, listing, proc_environ = json.loads(response.output_json)
+    assert env_value is None
+    assert environ == {}
+    assert listing == []
+    assert proc_environ == "PermissionError"
     assert os.path.basename(cwd).startswith("langserver-py-")
