@@ -34,7 +34,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     assert running.stop() == 0, running.log()
 
 
-def _footprint(server: RunningServer) -> dict[str, int]:
+async def _footprint(server: RunningServer) -> dict[str, int]:
+    # A child is answered for before it is reaped; measure once the last one is gone.
+    async def settled() -> bool:
+        return not server.fork_server().children()
+
+    await eventually(settled, what="every child reaped")
     main = server.psutil_process()
     fork_server = server.fork_server()
     return {
@@ -51,13 +56,13 @@ async def test_thousand_sequential_and_hundred_concurrent_executions_leak_nothin
     async with server.client() as client:
         for i in range(50):  # warm-up: gRPC and allocator pools reach their steady size
             await client.execute(TRIVIAL, str(i))
-        before = _footprint(server)
+        before = await _footprint(server)
         for i in range(1000):
             response = await client.execute(TRIVIAL, str(i))
             assert response.output_json == str(i)
         responses = await asyncio.gather(*(client.execute(TRIVIAL, str(i)) for i in range(100)))
         assert [r.output_json for r in responses] == [str(i) for i in range(100)]
-    after = _footprint(server)
+    after = await _footprint(server)
     assert after["descendants"] == 1, "only the fork server may remain"
     assert after["fork_server_fds"] == before["fork_server_fds"]
     assert after["server_fds"] <= before["server_fds"] + 2

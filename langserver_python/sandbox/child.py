@@ -65,6 +65,8 @@ class ChildPlan:
     read_roots: tuple[str, ...]
     run_env: runner.RunEnvironment
     fork_server_pid: int
+    #: Modules dropped from `sys.modules` before user code (ctypes and friends).
+    forget_modules: tuple[str, ...] = ()
 
 
 class _SetupFailed(Exception):
@@ -115,7 +117,8 @@ def _confine(job: ExecutionJob, plan: ChildPlan, slot: int, result_fd: int) -> N
             step = "working directory"
             os.chdir(plan.work_dir)
             step = "environment"
-            os.environ.clear()
+            if os.environ:  # the fork server already cleared its own; this is the guarantee
+                os.environ.clear()
             step = "rlimits"
             _set_rlimits(settings, job.timeout_s)
             if plan.drop_privileges:
@@ -145,8 +148,8 @@ def _confine(job: ExecutionJob, plan: ChildPlan, slot: int, result_fd: int) -> N
                 libc.seccomp_set_filter(plan.seccomp.for_pid(os.getpid()))
         step = "reseed"
         random.seed()
-        for name in [m for m in sys.modules if m == "_ctypes" or m.startswith("ctypes")]:
-            del sys.modules[name]
+        for name in plan.forget_modules:
+            sys.modules.pop(name, None)
         if settings.enabled(Layer.INTERPRETER):
             step = "audit hook"
             install_audit_hook(

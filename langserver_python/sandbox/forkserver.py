@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
 import selectors
 import shutil
@@ -65,6 +64,8 @@ class _Child:
     frames: list[tuple[dict[str, Any], list[bytes]]] = field(default_factory=list)
     frame_error: str | None = None
     killed_for: str | None = None
+    replied: bool = False
+    reaped: bool = False
 
 
 def _signal_name(signum: int) -> str:
@@ -75,13 +76,13 @@ def _signal_name(signum: int) -> str:
 
 
 def classify(child: _Child, status: int) -> ExecutionResult:
-    """Turns how a child ended (its frames, wait status, and why we killed it) into a result."""
+    """Turns how a child ended (its frames, wait status, and why we killed it) into a result.
+
+    Used when the child did not deliver a whole report before it ended; a whole
+    report is answered as soon as it arrives (see `ForkServer._drain`).
+    """
     if os.WIFEXITED(status) and child.killed_for is None and child.frame_error is None and len(child.frames) == 1:
-        meta, blobs = child.frames[0]
-        try:
-            return ExecutionResult.from_frame(meta, blobs)
-        except FrameError as exc:
-            return _error(ErrorKind.INTERNAL, f"the sandbox sent a malformed result ({exc})")
+        return _finished(child)
     if child.killed_for == "timeout":
         return _error(ErrorKind.TIMEOUT, f"the execution exceeded its time limit of {child.job.timeout_s:g} s")
     if child.killed_for == "output":
@@ -106,6 +107,15 @@ def classify(child: _Child, status: int) -> ExecutionResult:
     if code == EXIT_OUT_OF_MEMORY:
         return _error(ErrorKind.MEMORY_LIMIT, "the execution ran out of memory")
     return _error(ErrorKind.INTERNAL, f"the sandbox process exited with status {code} without a result")
+
+
+def _finished(child: _Child) -> ExecutionResult:
+    """The result of a child whose report frame arrived whole."""
+    meta, blobs = child.frames[0]
+    try:
+        return ExecutionResult.from_frame(meta, blobs)
+    except FrameError as exc:
+        return _error(ErrorKind.INTERNAL, f"the sandbox sent a malformed result ({exc})")
 
 
 def _error(kind: ErrorKind, message: str) -> ExecutionResult:
@@ -286,6 +296,11 @@ class ForkServer:
                 self._kill(child, "output" if isinstance(exc, FrameTooLarge) else None)
                 self._close_pipe(child)
                 return
+            if len(child.frames) == 1 and child.decoder.buffered == 0 and not child.replied:
+                # The report is complete: answer now rather than after the exit's
+                # teardown, and make sure nothing of the child outlives its answer.
+                self._kill(child, None)
+                self._reply(child, _finished(child))
 
     def _close_pipe(self, child: _Child) -> None:
         if child.pipe_fd >= 0:
@@ -296,6 +311,8 @@ class ForkServer:
     def _kill(self, child: _Child, reason: str | None) -> None:
         if child.killed_for is None and reason is not None:
             child.killed_for = reason
+        if child.reaped:
+            return  # its pid may belong to someone else by now
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
                 kill(child.pid, signal.SIGKILL)
@@ -315,29 +332,38 @@ class ForkServer:
 
     def _reap(self) -> None:
         while True:
+            # Peek first (WNOWAIT): while the zombie exists its pid, which is also
+            # its process group id, cannot be reused, so killing the group is safe.
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            if pid == 0:
+            except InterruptedError:
+                continue
+            if info is None or info.si_pid == 0:
                 return
+            pid = info.si_pid
+            with contextlib.suppress(OSError):  # anything the child left behind in its group
+                os.killpg(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
             child = self._children.pop(pid, None)
             if child is not None:
+                child.reaped = True
                 self._finish(child, status)
 
     def _finish(self, child: _Child, status: int) -> None:
         ended = time.monotonic()
         self._drain(child)
         self._close_pipe(child)
-        with contextlib.suppress(OSError):  # anything the child left behind in its group
-            os.killpg(child.pid, signal.SIGKILL)
         self._by_request.pop(child.request_id, None)
-        self._free_slots.append(child.slot)
-        result = classify(child, status)
+        self._free_slots.append(child.slot)  # only now: the slot's uid has no process left
+        if not child.replied:
+            self._reply(child, classify(child, status), ended)
+        self._start_waiting()
+
+    def _reply(self, child: _Child, result: ExecutionResult, ended: float | None = None) -> None:
+        child.replied = True
+        ended = time.monotonic() if ended is None else ended
         result = ExecutionResult(
             output_json=result.output_json,
             error=result.error,
@@ -349,4 +375,3 @@ class ForkServer:
             self._results[child.request_id] = result
         elif not self._closing:
             self.send(result.to_frame(op="result", id=child.request_id))
-        self._start_waiting()

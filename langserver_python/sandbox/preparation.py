@@ -176,5 +176,9 @@ def prepare(settings: SandboxSettings) -> Preparation:
         read_roots=read_roots,
         run_env=run_env,
         fork_server_pid=os.getpid(),
+        forget_modules=tuple(m for m in sys.modules if m == "_ctypes" or m.startswith("ctypes")),
     )
+    # Children inherit both: an empty environment and an empty, read-only working directory.
+    os.chdir(work_dir)
+    os.environ.clear()
     return Preparation(plan=plan, report=report)
