@@ -2,7 +2,7 @@
 
 Three views of the same work (`def main(input): return input`):
 
-- **child**: fork → confine → run → report → reap, as timed by the fork server
+- **child**: fork → confine → run → report, as timed by the fork server
   (`duration_ms`): the sandboxed child's own overhead;
 - **direct**: `SandboxPool.execute()` in this process, i.e. the fork server
   round trip without gRPC;
@@ -102,7 +102,7 @@ async def bench_direct(total: int, callers: int) -> tuple[Row, Row]:
         child_ms.clear()
         latencies, wall = await _drive(callers, total, call)
         await pool.stop()
-    return Row("child (fork→reap)", callers, child_ms, 0.0), Row("direct (no gRPC)", callers, latencies, wall)
+    return Row("child (fork→report)", callers, child_ms, 0.0), Row("direct (no gRPC)", callers, latencies, wall)
 
 
 def _free_port() -> int:
@@ -158,7 +158,9 @@ async def main(total: int) -> None:
         print("| " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)) + " |")
         if n == 0:
             print("|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    print("\n'child' is the fork server's own fork→reap time per execution; execs/s is not measured for it.")
+    print(
+        "\n'child' is the fork server's own time from fork to the whole report per execution; execs/s is not measured for it."
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2
 
+from protos import langserver_pb2
 from tests.helpers import eventually
 from tests.langserver_python_harness import KIND, RunningServer, start_server
 
@@ -146,3 +147,19 @@ async def test_sigterm_finishes_in_flight_executions(tmp_path: Path) -> None:
     assert await asyncio.to_thread(server.process.wait, 30) == 0
     assert not fork_server.is_running() or fork_server.status() == psutil.STATUS_ZOMBIE
     assert '"event": "stopped"' in server.log()
+
+
+async def test_a_caller_giving_up_kills_the_child(server: RunningServer) -> None:
+    fork_server = server.fork_server()
+    async with server.client() as client:
+        request = langserver_pb2.ExecuteRequest(
+            runtime="python", input_json="30", inline_code=langserver_pb2.InlineCode(code=BUSY), timeout_seconds=60
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client.stub.Execute(request, timeout=1)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+        async def child_gone() -> bool:
+            return not fork_server.children()
+
+        await eventually(child_gone, timeout_s=5, what="the abandoned execution's child killed")

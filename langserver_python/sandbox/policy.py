@@ -258,11 +258,13 @@ class PrintCollector:
 
     def __init__(self, _getattr_: Any = None) -> None:
         self._parts: list[str] = []
+        self._size = 0
 
     def write(self, text: str) -> None:
         LOG_SINK.write(text)
-        if sum(map(len, self._parts)) < LOG_SINK.max_chars:
-            self._parts.append(text)
+        if self._size < LOG_SINK.max_chars:  # what `printed` returns is capped like the log
+            self._parts.append(text[: LOG_SINK.max_chars - self._size])
+            self._size += len(self._parts[-1])
 
     def __call__(self) -> str:
         return "".join(self._parts)
