@@ -252,3 +252,15 @@ async def test_error_never_carries_host_paths(server: RunningServer) -> None:
         "    return json.loads('{not json')",
         response.error.message,
     ]
+
+
+async def test_catastrophic_regex_is_killed_from_outside(server: RunningServer) -> None:
+    # The backtracking runs in C, deaf to anything inside the interpreter.
+    async with server.client() as client:
+        started = time.monotonic()
+        response = await client.execute(
+            _main("return bool(re.match('(a+)+$', 'a' * 64 + 'b'))", "import re"), timeout_seconds=1
+        )
+    _ends_quickly(started, 2.0)
+    assert response.error.kind == KIND.ERROR_KIND_TIMEOUT, response.error
+    await _still_serves(server)

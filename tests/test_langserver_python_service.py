@@ -305,3 +305,12 @@ async def test_health_reports_serving(server: RunningServer) -> None:
     async with server.client() as client:
         assert await client.health() == health_pb2.HealthCheckResponse.SERVING
         assert await client.health("langserver.v1.LanguageServer") == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_lone_surrogates_stay_valid_json_and_utf8(server: RunningServer) -> None:
+    code = "def main(input):\n    print('\\ud800 in logs')\n    return ['\\ud800', 'é']\n"
+    async with server.client() as client:
+        response = await client.execute(code)
+    assert response.success, response.error
+    assert json.loads(response.output_json) == ["\ud800", "é"]
+    assert response.logs == "? in logs\n"
