@@ -1,7 +1,8 @@
 """The gRPC process's side of the fork server: spawn it, talk to it, replace it.
 
 `SandboxPool.run()` spawns `python -m langserver_python.sandbox` over a Unix
-socketpair — with an empty environment apart from `PYTHONPATH`, so no secret
+socketpair — with an empty environment apart from `PYTHONPATH` (this process's
+`sys.path`), so no secret
 of this process is in the fork server's (or a child's) `/proc/self/environ` —
 sends the settings, waits for `ready`, and then routes `result` frames to the
 waiting `execute()` calls. The fork server is spawned (fork + exec), never
@@ -154,12 +155,14 @@ class SandboxPool:
 
     def _spawn(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
         ours, theirs = socket.socketpair()
+        # The fork server must import exactly what this process imports: same package, same sys.path.
         package_root = str(Path(langserver_python.__file__).resolve().parent.parent)
+        search_path = os.pathsep.join(dict.fromkeys([package_root, *(p for p in sys.path if p and os.path.isdir(p))]))
         try:
             process = subprocess.Popen(
                 [sys.executable, "-s", "-m", "langserver_python.sandbox", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=[theirs.fileno()],
-                env={"PYTHONPATH": package_root},
+                env={"PYTHONPATH": search_path},
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd="/",

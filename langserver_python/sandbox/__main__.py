@@ -53,7 +53,6 @@ def main(argv: list[str]) -> int:
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    libc.prctl(libc.PR_SET_DUMPABLE, 0)
     (length,) = struct.unpack("<I", _read_exactly(control_fd, 4))
     meta, _ = decode_frame(_read_exactly(control_fd, length))
     settings = SandboxSettings.from_meta(meta)
@@ -62,6 +61,8 @@ def main(argv: list[str]) -> int:
     except PreparationError as exc:
         _write_all(control_fd, encode_frame({"op": "fatal", "message": str(exc), "config_error": exc.config_error}))
         return EXIT_CONFIG if exc.config_error else 1
+    # Not before: writing our own uid_map (unprivileged network namespace) needs a dumpable process.
+    libc.prctl(libc.PR_SET_DUMPABLE, 0)
     server = ForkServer(control_fd, preparation.plan)
     server.install_signal_handlers()
     result = server.run_self_test(_SELF_TEST)
