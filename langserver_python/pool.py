@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -178,6 +179,7 @@ class SandboxPool:
             raise SandboxStartError(f"cannot spawn the fork server: {exc}", config_error=False) from None
         self._process = process
         reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
+        meta: dict[str, Any] = {}
         try:
             writer.write(encode_frame(self._settings.to_meta()))
             try:
@@ -199,6 +201,10 @@ class SandboxPool:
                 if not future.done():
                     future.set_result(_crashed("the sandbox process pool exited during the execution"))
             await asyncio.to_thread(self._reap, process)
+            # A fork server that was killed could not remove its working directory.
+            work_dir = meta.get("report", {}).get("work_dir") if meta.get("op") == "ready" else None
+            if isinstance(work_dir, str) and Path(work_dir).name.startswith("langserver-py-"):
+                await asyncio.to_thread(shutil.rmtree, work_dir, True)
             await self._on_availability(False)
 
     async def _read_results(self, reader: asyncio.StreamReader) -> None:

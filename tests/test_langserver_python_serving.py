@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -74,8 +75,19 @@ async def test_thousand_sequential_and_hundred_concurrent_executions_leak_nothin
                 and p.info["ppid"] in (server.process.pid, server.fork_server().pid)]  # fmt: skip
 
 
+def _work_dirs(server: RunningServer) -> list[str]:
+    reports = [json.loads(line) for line in server.log().splitlines() if '"event": "sandbox ready"' in line]
+    return [report["sandbox"]["work_dir"] for report in reports]
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
 async def test_a_killed_fork_server_costs_its_executions_only(server: RunningServer) -> None:
     old = server.fork_server()
+    (old_work_dir,) = _work_dirs(server)
+    assert _exists(old_work_dir)
     async with server.client() as client:
         running = asyncio.ensure_future(client.execute(BUSY, "5", timeout_seconds=10))
 
@@ -100,6 +112,8 @@ async def test_a_killed_fork_server_costs_its_executions_only(server: RunningSer
         await eventually(serves_again, timeout_s=20, what="a replacement fork server")
         assert await client.health() == health_pb2.HealthCheckResponse.SERVING
     assert server.fork_server().pid != old.pid
+    assert not _exists(old_work_dir), "the dead fork server's working directory is removed"
+    assert len(_work_dirs(server)) == 2
 
 
 async def test_beyond_the_limit_requests_queue_then_are_refused(tmp_path: Path) -> None:

@@ -123,6 +123,7 @@ def prepare(settings: SandboxSettings) -> Preparation:
         os.chmod(work_dir, 0o555)
     except OSError as exc:
         raise PreparationError(f"PY_WORK_DIR: cannot create the working directory: {exc}", config_error=True) from None
+    report["work_dir"] = work_dir
     is_root = os.geteuid() == 0
     machine = os.uname().machine
     read_roots = _read_roots(modules)
