@@ -192,6 +192,8 @@ class SandboxPool:
             self._writer = writer
             if not self._first_start.done():
                 self._first_start.set_result(meta.get("report", {}))
+            else:
+                logger.warning("a replacement fork server is ready", extra={"sandbox": meta.get("report", {})})
             await self._on_availability(True)
             await self._read_results(reader)
         finally:

@@ -76,8 +76,8 @@ async def test_thousand_sequential_and_hundred_concurrent_executions_leak_nothin
 
 
 def _work_dirs(server: RunningServer) -> list[str]:
-    reports = [json.loads(line) for line in server.log().splitlines() if '"event": "sandbox ready"' in line]
-    return [report["sandbox"]["work_dir"] for report in reports]
+    reports = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    return [report["sandbox"]["work_dir"] for report in reports if "sandbox" in report]
 
 
 def _exists(path: str) -> bool:
