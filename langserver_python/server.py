@@ -93,9 +93,13 @@ async def serve(config: ServerConfig) -> int:
             )
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
             try:
-                server.add_insecure_port(config.addr)
+                bound = server.add_insecure_port(config.addr)
             except RuntimeError as exc:
-                logger.error("cannot listen on %s (LANGSERVER_ADDR): %s", config.addr, exc)
+                bound, reason = 0, str(exc)
+            else:
+                reason = "the port is taken or the address is not local"
+            if not bound:
+                logger.error("cannot listen on %s (LANGSERVER_ADDR): %s", config.addr, reason)
                 await pool.stop()
                 return EXIT_FAILURE
             await server.start()

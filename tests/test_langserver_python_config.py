@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_layer_switch_needs_the_explicit_test_mode() -> None:
 def _run_server(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "langserver_python", *args],
-        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "LANGSERVER_ADDR": "127.0.0.1:1", **env},
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -118,3 +119,12 @@ def test_allowed_module_that_does_not_import_exits_3() -> None:
     assert result.returncode == 3
     assert "PY_ALLOWED_MODULES" in result.stderr
     assert "no_such_module_anywhere" in result.stderr
+
+
+def test_an_address_in_use_exits_1_naming_the_variable() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = _run_server({"LANGSERVER_ADDR": f"127.0.0.1:{taken.getsockname()[1]}"})
+    assert result.returncode == 1
+    assert "LANGSERVER_ADDR" in result.stderr

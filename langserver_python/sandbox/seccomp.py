@@ -37,6 +37,8 @@ _JEQ = 0x15
 _JGE = 0x35
 _JSET = 0x45
 _RET = 0x06
+_JA = 0x05
+_BLOCK = 200
 _X32_SYSCALL_BIT = 0x40000000
 # O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | __O_TMPFILE (same values on both architectures).
 _OPEN_WRITE_FLAGS = 0x1 | 0x2 | 0x40 | 0x200 | 0x400 | 0x400000
@@ -176,12 +178,13 @@ def build_program(machine: str) -> SeccompProgram:
     out += [_insn(_LD_ABS, 4), _insn(_JEQ, _AUDIT_ARCH[machine], 1, 0), kill, _insn(_LD_ABS, 0)]
     if machine == "x86_64":
         out += [_insn(_JGE, _X32_SYSCALL_BIT, 0, 1), kill]
-    denied = 0
-    for name in DENIED_SYSCALLS:
-        number = table.get(name)
-        if number is not None:
-            out += [_insn(_JEQ, number, 0, 1), kill]
-            denied += 1
+    numbers = [table[name] for name in DENIED_SYSCALLS if name in table]
+    # One `jeq` per call, all jumping forward to a shared `ret KILL` that closes each
+    # block; blocks keep every jump offset within the 8-bit field.
+    for start in range(0, len(numbers), _BLOCK):
+        block = numbers[start : start + _BLOCK]
+        out += [_insn(_JEQ, number, len(block) - i, 0) for i, number in enumerate(block)]
+        out += [_insn(_JA, 1), kill]
     for name in ("openat2", "clone3"):
         out += [_insn(_JEQ, table[name], 0, 1), _insn(_RET, _RET_ERRNO | errno.ENOSYS)]
     for name, flags_arg in (("open", 1), ("openat", 2)):
@@ -202,4 +205,4 @@ def build_program(machine: str) -> SeccompProgram:
     out.append(allow)
     program = b"".join(out)
     # k sits at byte 4 of each 8-byte instruction.
-    return SeccompProgram(machine, program, tuple(i * 8 + 4 for i in pid_insns), denied)
+    return SeccompProgram(machine, program, tuple(i * 8 + 4 for i in pid_insns), len(numbers))
