@@ -174,7 +174,8 @@ def run_child(job: ExecutionJob, *, plan: ChildPlan, slot: int, result_fd: int) 
         # Before the descriptors were arranged the pipe is still `result_fd`; while
         # they were being arranged neither number is certain, so say nothing.
         fd = {"signals": result_fd, "process group": result_fd, "descriptors": -1}.get(failure.step, RESULT_FD)
-        error = ExecutionError(kind=ErrorKind.INTERNAL, message=f"sandbox setup failed at {failure}")
+        message = plan.run_env.scrub(f"sandbox setup failed at {failure}")  # no host path in a reply
+        error = ExecutionError(kind=ErrorKind.INTERNAL, message=message)
         try:
             if fd >= 0:
                 os.write(fd, ExecutionResult(error=error).to_frame())
