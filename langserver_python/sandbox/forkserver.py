@@ -12,9 +12,14 @@ One loop over `selectors` multiplexes:
 - one result pipe per child (read as it comes, capped, so a child can never
   make this process buffer more than its output and log limits allow);
 - a wake-up pipe written by the SIGCHLD handler, after which every exited
-  child is reaped with `waitpid(-1, WNOHANG)`;
+  child is found with `waitid(WNOHANG | WNOWAIT)`, its process group killed
+  (while the zombie still pins the id) and then reaped;
 - the nearest wall-clock deadline, at which the child's process group gets
   SIGKILL. Limits are enforced from outside the code they limit.
+
+A child's whole report is answered as soon as it arrives (the child is killed
+at once: nothing of it outlives its answer); its slot, and with it the slot's
+uid, is reused only after the reap.
 
 When the control socket closes (the gRPC process is stopping or gone) the
 fork server kills what still runs, reaps it, removes its working directory and
