@@ -213,18 +213,17 @@ def _runtime_error(
     """A thrown error: its user frames only, its line, and POLICY_VIOLATION for denied names."""
     name, message = name[:200], message[:MAX_MESSAGE_CHARS]
     frames, first_line = _user_frames(stack, filename)
-    headline = f"{name}: {message}" if message else name
+    # A thrown non-error has no name: "Uncaught 42", as a browser console says.
+    thrown = f"Uncaught {message}" if name == "Uncaught" else f"{name}: {message}" if message else name
+    status, headline = Status.RUNTIME, thrown
     denied = _NOT_DEFINED.fullmatch(message)
     if denied and name in ("ReferenceError", "TypeError") and denied.group(1) in DENIED_GLOBALS:
-        status = Status.POLICY_VIOLATION
-        headline = f"{denied.group(1)}: {DENIED_GLOBALS[denied.group(1)]}"
-    else:
-        status = Status.RUNTIME
+        status, headline = Status.POLICY_VIOLATION, f"{denied.group(1)}: {DENIED_GLOBALS[denied.group(1)]}"
     return ExecutionResult(
         status=status,
         message=headline,
         line=line or first_line,
-        traceback="\n".join([f"{name}: {message}", *frames]),
+        traceback="\n".join([thrown, *frames]),
         logs=logs,
         logs_truncated=logs_truncated,
     )
