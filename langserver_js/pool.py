@@ -3,7 +3,8 @@
 The pool has `pool_processes` slots. Each slot is a loop owned by `run()`: start a
 sandbox process, wait until it has an isolate ready, offer it to callers, and once
 a caller gives it back wait for the next isolate; the process is replaced after
-`recycle_after` executions, or as soon as it dies, is killed, or stops answering. A
+`recycle_after` executions, when it keeps more than half the RSS limit after an
+execution, or as soon as it dies, is killed, or stops answering. A
 fatal V8 error therefore costs the one execution that caused it, never the server.
 
 A caller borrows an idle process directly (as from a connection pool) and does the
@@ -78,6 +79,7 @@ class WorkerPool:
         self._idle: asyncio.Queue[WorkerProcess | None] = asyncio.Queue()
         self._busy: set[WorkerProcess] = set()
         self._admission = asyncio.Semaphore(config.max_concurrency)
+        self._recycle_rss_bytes = (config.rss_limit_mb << 20) // 2
         self._started = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._slots_ready: set[int] = set()
@@ -202,6 +204,11 @@ class WorkerPool:
                 if not worker.alive or self._stopping:
                     return
                 await worker.wait_ready(_READY_TIMEOUT_S + self._config.kill_grace_s)
+                if worker.rss_bytes() > self._recycle_rss_bytes:
+                    # V8 keeps memory it once used; offered again, the process
+                    # could be killed by the watchdog during an innocent execution.
+                    logger.info("recycling sandbox process %d: it kept %d MiB", worker.pid, worker.rss_bytes() >> 20)
+                    return
             logger.info("recycling sandbox process %d after %d executions", worker.pid, worker.executions)
         finally:
             worker.retire_if_unborrowed()

@@ -64,7 +64,9 @@ async def serve(config: ServerConfig) -> None:
 
 
 async def _serve_grpc(config: ServerConfig, pool: WorkerPool, stop: asyncio.Event) -> None:
-    max_request = config.max_code_bytes + config.max_input_bytes + _GRPC_SLACK_BYTES
+    # Twice the caps, so that an oversized request still reaches the validation that
+    # names its field; beyond that gRPC itself answers RESOURCE_EXHAUSTED.
+    max_request = 2 * (config.max_code_bytes + config.max_input_bytes) + _GRPC_SLACK_BYTES
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_request),

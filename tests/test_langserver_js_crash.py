@@ -144,3 +144,24 @@ async def test_processes_are_recycled_after_n_executions() -> None:
                 seen |= server.sandbox_pids()
             assert len(seen) >= 3
             assert "recycling sandbox process" in server.logs()
+
+
+async def test_a_process_that_keeps_memory_is_replaced_before_its_next_execution() -> None:
+    # ~110 MiB of live objects: under the heap limit, so it succeeds, but V8 keeps
+    # the pages, and the process would start its next execution near the RSS limit.
+    heavy = (
+        "function main() { const a = []; for (let i = 0; i < 1.6e6; i++) a.push({i, s: 'v' + i}); return a.length; }"
+    )
+    with running_server(JS_POOL_PROCESSES="1", JS_MAX_CONCURRENCY="1", JS_RSS_LIMIT_MB="300") as server:
+        async with aio_stub(server.addr) as stub:
+            (before,) = server.sandbox_pids()
+            response = await stub.Execute(request(heavy, timeout_seconds=30))
+            assert kind_name(response) == "OK", response
+
+            async def replaced() -> bool:
+                pids = server.sandbox_pids()
+                return len(pids) == 1 and before not in pids
+
+            await eventually(replaced, timeout_s=30, what="the process to be recycled")
+            assert f"recycling sandbox process {before}: it kept" in server.logs()
+            await assert_serving(stub)

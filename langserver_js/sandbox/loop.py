@@ -49,6 +49,8 @@ async def serve_jobs(settings: SandboxSettings, *, job_fd: int, result_fd: int) 
             isolate.close()
             isolate = PreparedIsolate.create(loop, settings)
             _write(result_fd, _READY)
+    except BrokenPipeError:
+        return  # the server went away; nobody is left to answer
     finally:
         isolate.close()
         transport.close()
