@@ -15,7 +15,7 @@ Every knob is an environment variable; `ServerConfig.from_env` is the only reade
 | `JS_RSS_LIMIT_MB` | `768` | the watchdog kills a sandbox process whose resident memory exceeds this during an execution (MEMORY_LIMIT) |
 | `JS_DEFAULT_TIMEOUT_SECONDS` | `30` | wall-clock limit when a request says `timeout_seconds <= 0` |
 | `JS_MAX_TIMEOUT_SECONDS` | `300` | larger requested timeouts are lowered to this |
-| `JS_KILL_GRACE_SECONDS` | `2` | after the timeout, how long V8 gets to stop before its process is killed |
+| `JS_KILL_GRACE_SECONDS` | `2` | how long V8 gets to stop after the timeout (and to dispose of an isolate after any execution, plus 1 s) before its process is killed |
 | `JS_MAX_CODE_BYTES` | `1048576` | larger `inline_code.code` is refused (INVALID_ARGUMENT) |
 | `JS_MAX_INPUT_BYTES` | `4194304` | larger `input_json` is refused (INVALID_ARGUMENT) |
 | `JS_MAX_OUTPUT_BYTES` | `1048576` | larger serialised results end with OUTPUT_TOO_LARGE |

@@ -42,9 +42,10 @@ logger = logging.getLogger(__name__)
 _RESPAWN_BACKOFF_INITIAL_S: Final = 0.1
 _RESPAWN_BACKOFF_MAX_S: Final = 10.0
 # How long a process gets, after answering, to dispose of the isolate it used and
-# prepare the next one (normally about a millisecond), on top of the kill grace: an
-# isolate busy in an uninterruptible builtin blocks its disposal.
-_READY_TIMEOUT_S: Final = 5.0
+# prepare the next one (normally a few milliseconds), on top of the kill grace. An
+# isolate still busy in a builtin that ignores termination blocks its disposal:
+# such code outlived its execution, and the process is killed.
+_READY_TIMEOUT_S: Final = 1.0
 # The directory holding the `langserver_js` package, for the sandbox's PYTHONPATH.
 _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parent.parent)
 

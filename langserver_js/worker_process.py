@@ -10,9 +10,10 @@ server's process group does not kill executions that the server is draining), an
 pipes: stdin/stdout carry frames, stderr is relayed into the server's log.
 
 While an execution runs, the server enforces what the process cannot enforce on
-itself: the hard deadline (the execution's timeout plus a grace period, after
-which the process is killed whatever V8 is doing) here, and the resident-memory
-limit in the pool's watchdog. A process that dies on its own during an
+itself: the hard deadline here (the execution's timeout plus a grace period; the
+sandbox answers at the timeout on its own, so this only fires for a process that
+stopped answering altogether), and the resident-memory limit in the pool's
+watchdog. A process that dies on its own during an
 execution is classified from what it left on stderr: V8 announces a fatal
 out-of-memory there before it aborts, and nothing else tells it apart from a crash.
 """
@@ -171,6 +172,7 @@ class WorkerProcess:
                 message = await read_frame(self._stdout, max_bytes=self._settings.max_result_frame_bytes())
             return self._decode(message)
         except TimeoutError:
+            logger.warning("killing sandbox process %d: its execution outlived the hard deadline", self.pid)
             self.kill(Status.TIMEOUT)
         except WorkerDied:
             self._broken = True

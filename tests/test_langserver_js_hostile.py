@@ -253,8 +253,9 @@ async def test_hostile_program_is_contained(
     response = await stub.Execute(request(case.code, timeout_seconds=case.timeout_seconds))
     elapsed = time.monotonic() - started
     case.check(response)
-    # Bounded by its own timeout plus the kill grace, never by the program.
-    assert elapsed < case.timeout_seconds + 2 + 2
+    # Bounded by its own timeout (the sandbox answers at the timeout; the kill
+    # grace is never needed for these), never by the program.
+    assert elapsed < case.timeout_seconds + 1.5
 
     after = await stub.Execute(request(CANARY))
     assert kind_name(after) == "OK", after

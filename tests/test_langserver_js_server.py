@@ -135,11 +135,12 @@ async def test_concurrency_is_bounded(stub: langserver_pb2_grpc.LanguageServerSt
 async def test_sigterm_drains_in_flight_executions() -> None:
     with running_server(JS_POOL_PROCESSES="1", JS_MAX_CONCURRENCY="1") as server:
         sandboxes = [psutil.Process(pid) for pid in server.sandbox_pids()]
+        idle_cpu = {p.pid: p.cpu_times().user for p in sandboxes}
         async with aio_stub(server.addr) as stub:
             in_flight = asyncio.ensure_future(stub.Execute(request(BUSY_1S, '"finished"')))
 
             async def sandbox_busy() -> bool:
-                return any(p.cpu_times().user > 0.3 for p in sandboxes)
+                return any(p.cpu_times().user - idle_cpu[p.pid] > 0.3 for p in sandboxes)
 
             await eventually(sandbox_busy, timeout_s=10, what="the execution to be running")
             server.proc.send_signal(signal.SIGTERM)
@@ -155,13 +156,14 @@ async def test_sigterm_drains_in_flight_executions() -> None:
 async def test_sigterm_cancels_what_outlasts_the_grace_period() -> None:
     with running_server(JS_POOL_PROCESSES="1", JS_MAX_CONCURRENCY="1", JS_SHUTDOWN_GRACE_SECONDS="0.5") as server:
         sandboxes = [psutil.Process(pid) for pid in server.sandbox_pids()]
+        idle_cpu = {p.pid: p.cpu_times().user for p in sandboxes}
         async with aio_stub(server.addr) as stub:
             in_flight = asyncio.ensure_future(
                 stub.Execute(request("function main() { for (;;) {} }", timeout_seconds=600))
             )
 
             async def sandbox_busy() -> bool:
-                return any(p.cpu_times().user > 0.3 for p in sandboxes)
+                return any(p.cpu_times().user - idle_cpu[p.pid] > 0.3 for p in sandboxes)
 
             await eventually(sandbox_busy, timeout_s=10, what="the execution to be running")
             started = time.monotonic()

@@ -4,8 +4,11 @@ The harness runs first in a fresh isolate and leaves behind only what the user m
 touch: the reviewed ECMAScript globals of `ALLOWED_GLOBALS` and a `console` that
 records into a capped buffer. Everything else on the global object is deleted
 (default deny), so a global that a newer V8 or mini-racer adds is gone until someone
-reviews it here. Its own functions live in a closure the user code cannot reach:
-the host keeps handles to `run` and `drain`, nothing is left on `globalThis`.
+reviews it here. Its own functions live in a closure, reachable only through a
+`const` with a random name per isolate: a script-level `const` is not a property of
+`globalThis`, JavaScript has no way to list such bindings, and the name never
+appears in anything the user code can read. Only the host's own source (appended
+after the user's code, see `user_source`) names it.
 
 The decisions, and why:
 
@@ -39,9 +42,12 @@ null-prototype objects and primitives (no `toJSON` or setter on `Object.prototyp
 can reach it), and gives the promise it returns its own `then`, so mini-racer's
 `promise.then(...)` is the real one.
 
-`run(inputJson)` returns an envelope string, or a promise of one when `main()`
-returned a thenable: a one-line JSON header (status, error name/message/stack, logs),
-a newline, then the output JSON (empty unless the status is "ok"). The output is
+`run(inputJson)` returns an envelope string: a one-line JSON header (status, error
+name/message/stack, logs), a newline, then the output JSON (empty unless the status
+is "ok"). When `main()` returned a thenable, `run` returns undefined and `result()`
+returns the envelope once it settled; the host asks again (a cancellable eval that
+V8 runs after the microtasks) rather than registering a callback into Python, so
+nothing on the host waits on V8 in a way a timeout cannot interrupt. The output is
 serialised and measured inside the isolate, so an oversized result never crosses
 into Python.
 """
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from typing import Final
 
@@ -60,7 +67,10 @@ __all__ = [
     "HARNESS_SOURCE_URL",
     "MAX_MESSAGE_CHARS",
     "MAX_STACK_CHARS",
+    "drain_source",
+    "new_binding",
     "prelude_source",
+    "result_source",
     "safe_filename",
     "user_source",
 ]
@@ -181,7 +191,7 @@ _MAX_FILENAME_CHARS: Final = 100
 _FILENAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]")
 
 _PRELUDE: Final = r"""
-(function (cfg) {
+const BINDING = (function (cfg) {
   'use strict';
   const G = globalThis;
   const apply = Reflect.apply;
@@ -332,6 +342,8 @@ _PRELUDE: Final = r"""
     return envelope('ok', null, output);
   }
 
+  let settled;
+
   function run(inputJson) {
     let input;
     try {
@@ -357,14 +369,15 @@ _PRELUDE: Final = r"""
       return failed(error);
     }
     if (!thenable) return finish(value);
-    const settled = new Promise_(function (resolve) {
-      const adopted = new Promise_(function (adopt) { adopt(value); });
-      apply(promiseThen, adopted, [
-        function (result) { resolve(finish(result)); },
-        function (error) { resolve(failed(error)); },
-      ]);
-    });
-    defineProperty(settled, 'then', { value: promiseThen });
+    const adopted = new Promise_(function (adopt) { adopt(value); });
+    apply(promiseThen, adopted, [
+      function (result) { settled = finish(result); },
+      function (error) { settled = failed(error); },
+    ]);
+    return undefined;
+  }
+
+  function result() {
     return settled;
   }
 
@@ -372,13 +385,17 @@ _PRELUDE: Final = r"""
     return stringify({ __proto__: null, logs: wellFormed(logText), logsTruncated: logTruncated });
   }
 
-  return freeze({ __proto__: null, run: run, drain: drain });
-})
-"""
+  return freeze({ __proto__: null, run: run, result: result, drain: drain });
+})"""
 
 
-def prelude_source(*, max_output_chars: int, max_log_chars: int) -> str:
-    """The harness script for one isolate; its completion value holds `run` and `drain`."""
+def new_binding() -> str:
+    """A fresh, unguessable name for one isolate's harness."""
+    return f"__langserver_{secrets.token_hex(16)}"
+
+
+def prelude_source(binding: str, *, max_output_chars: int, max_log_chars: int) -> str:
+    """The harness script for one isolate, declaring its functions under `binding`."""
     cfg = {
         "allowedGlobals": sorted(ALLOWED_GLOBALS),
         "maxOutputChars": max_output_chars,
@@ -386,7 +403,8 @@ def prelude_source(*, max_output_chars: int, max_log_chars: int) -> str:
         "maxMessageChars": MAX_MESSAGE_CHARS,
         "maxStackChars": MAX_STACK_CHARS,
     }
-    return f"{_PRELUDE}({json.dumps(cfg)})\n//# sourceURL={HARNESS_SOURCE_URL}\n"
+    script = _PRELUDE.replace("const BINDING =", f"const {binding} =", 1)
+    return f"{script}({json.dumps(cfg)});\n//# sourceURL={HARNESS_SOURCE_URL}\n"
 
 
 def safe_filename(requested: str) -> str:
@@ -395,10 +413,24 @@ def safe_filename(requested: str) -> str:
     return cleaned if cleaned.strip("._") else DEFAULT_FILENAME
 
 
-def user_source(code: str, filename: str) -> str:
-    """The user's code as evaluated: line numbers unchanged.
+def user_source(code: str, filename: str, *, binding: str, input_json: str) -> str:
+    """The user's code followed by the call of `main`, as one script.
 
-    `void 0` makes the script's completion value undefined, so a script ending in a
-    huge expression is not copied into Python; `sourceURL` names its stack frames.
+    The user's lines keep their numbers; `;void 0;` closes whatever the last user
+    line left open (or makes it a syntax error there); the appended call's result
+    (the envelope, or undefined while a returned promise is pending) is the
+    script's completion value, so a script ending in a huge expression is never
+    copied into Python. `sourceURL` names the user's stack frames.
     """
-    return f"{code}\n;void 0\n//# sourceURL={filename}\n"
+    call = f"{binding}.run({json.dumps(input_json, ensure_ascii=False)});"
+    return f"{code}\n;void 0;\n{call}\n//# sourceURL={filename}\n"
+
+
+def result_source(binding: str) -> str:
+    """Asks the harness for the envelope of a settled promise (undefined while pending)."""
+    return f"{binding}.result()"
+
+
+def drain_source(binding: str) -> str:
+    """Asks the harness for the logs captured so far (after a timeout or memory failure)."""
+    return f"{binding}.drain()"

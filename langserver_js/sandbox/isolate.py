@@ -2,17 +2,22 @@
 
 `PreparedIsolate.create` builds an isolate, sets its hard heap limit and installs the
 harness; the sandbox process does that before it reports ready, so isolate creation
-(about a millisecond) is off the request path. `execute` runs one job in it under a
+(about two milliseconds) is off the request path. `execute` runs one job in it under a
 wall-clock timeout and returns an `ExecutionResult` whatever the user code does;
 `close` disposes of the isolate, which also ends any promise chain the code left
 running. An isolate is never reused: nothing survives an execution.
 
-The timeout terminates V8 (mini-racer cancels the task, which calls
-`TerminateExecution`); a builtin that does not check for termination (a huge typed
-array sort, say) keeps running, and then the server kills the whole process after its
-grace period. The heap limit is checked by V8 at garbage collections, so a single
-huge allocation can overshoot it; V8's own fatal limit (`--max-old-space-size`, twice
-the heap limit) then aborts the process, which the server reports as MEMORY_LIMIT.
+Only cancellable evals talk to V8 during an execution (mini-racer's function calls
+and promise awaits make blocking calls into the isolate, which would hold up the
+event loop, and with it the timeout, while V8 spins): the user's script and the
+call of `main` are one eval, and a returned promise is collected by asking the
+harness again. The timeout cancels the eval, which terminates V8 (`TerminateExecution`);
+a builtin that does not check for termination (a huge typed-array sort, say) keeps
+V8 busy, so the answer still goes out at the timeout but the isolate cannot be
+disposed of, and the server kills the process when it does not report ready in
+time. The heap limit is checked by V8 at garbage collections, so a single huge
+allocation can overshoot it; V8's own fatal limit (`--max-old-space-size`, twice the
+heap limit) then aborts the process, which the server reports as MEMORY_LIMIT.
 """
 
 from __future__ import annotations
@@ -25,12 +30,9 @@ from typing import Final
 
 from py_mini_racer import (
     JSEvalException,
-    JSFunction,
-    JSMappedObject,
     JSOOMException,
     JSParseException,
-    JSPromise,
-    JSPromiseError,
+    JSUndefined,
     MiniRacer,
     init_mini_racer,
     mini_racer,
@@ -41,7 +43,10 @@ from langserver_js.sandbox.harness import (
     DENIED_GLOBALS,
     MAX_MESSAGE_CHARS,
     MAX_STACK_CHARS,
+    drain_source,
+    new_binding,
     prelude_source,
+    result_source,
     safe_filename,
     user_source,
 )
@@ -51,6 +56,10 @@ __all__ = ["PreparedIsolate", "init_v8"]
 # After a timeout or memory failure, how long the harness gets to hand over the
 # logs captured so far (V8 may still be busy in an uninterruptible builtin).
 _DRAIN_TIMEOUT_S: Final = 0.25
+# Asking again for a promise that did not settle with the microtasks (it waits on
+# a FinalizationRegistry, say): first at once, then backing off to this interval.
+_POLL_INITIAL_S: Final = 0.001
+_POLL_MAX_S: Final = 0.05
 _MAX_TRACEBACK_FRAMES: Final = 50
 _MAX_TOPLEVEL_ERROR_CHARS: Final = MAX_MESSAGE_CHARS + MAX_STACK_CHARS + 4096
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_$][\w$]*")
@@ -70,13 +79,10 @@ def init_v8(settings: SandboxSettings) -> None:
 class PreparedIsolate:
     """A fresh isolate with the harness installed, good for exactly one execution."""
 
-    def __init__(
-        self, *, stack: ExitStack, racer: MiniRacer, run: JSFunction, drain: JSFunction, settings: SandboxSettings
-    ) -> None:
+    def __init__(self, *, stack: ExitStack, racer: MiniRacer, binding: str, settings: SandboxSettings) -> None:
         self._stack = stack
         self._racer = racer
-        self._run = run
-        self._drain = drain
+        self._binding = binding
         self._settings = settings
 
     @classmethod
@@ -86,24 +92,21 @@ class PreparedIsolate:
         Raises:
             JSEvalException: V8 refused the harness (the process should exit; the
                 server replaces it).
-            TypeError: the harness did not hand back its functions.
         """
         stack = ExitStack()
+        binding = new_binding()
         try:
             racer = stack.enter_context(mini_racer(loop))
             racer.set_hard_memory_limit(settings.heap_limit_mb << 20)
-            handles = racer.eval(
-                prelude_source(max_output_chars=settings.max_output_bytes, max_log_chars=settings.max_log_bytes)
+            racer.eval(
+                prelude_source(
+                    binding, max_output_chars=settings.max_output_bytes, max_log_chars=settings.max_log_bytes
+                )
             )
-            if not isinstance(handles, JSMappedObject):
-                raise TypeError("the harness did not return its functions")
-            run, drain = handles["run"], handles["drain"]
-            if not isinstance(run, JSFunction) or not isinstance(drain, JSFunction):
-                raise TypeError("the harness did not return its functions")
         except BaseException:
             stack.close()
             raise
-        return cls(stack=stack, racer=racer, run=run, drain=drain, settings=settings)
+        return cls(stack=stack, racer=racer, binding=binding, settings=settings)
 
     def close(self) -> None:
         """Disposes of the isolate (blocks while V8 is still inside a builtin). Idempotent."""
@@ -113,15 +116,22 @@ class PreparedIsolate:
         """Runs `main(input)` of `job.code` once and returns how it ended.
 
         Never raises for anything the user code does; the isolate must be closed
-        afterwards whatever the outcome.
+        afterwards whatever the outcome. Only cancellable evals are used, so the
+        timeout fires even while V8 spins (a cancelled eval terminates V8).
         """
         filename = safe_filename(job.filename)
+        source = user_source(job.code, filename, binding=self._binding, input_json=job.input_json)
         try:
             async with asyncio.timeout(job.timeout_s):
-                await self._racer.eval_cancelable(user_source(job.code, filename))
-                envelope = await self._run.cancelable()(job.input_json)
-                if isinstance(envelope, JSPromise):
-                    envelope = await envelope
+                envelope = await self._racer.eval_cancelable(source)
+                delay = _POLL_INITIAL_S
+                while envelope is JSUndefined:
+                    # A returned promise: V8 runs the microtasks before this eval,
+                    # so the first ask settles all but promises waiting on GC.
+                    envelope = await self._racer.eval_cancelable(result_source(self._binding))
+                    if envelope is JSUndefined:
+                        await asyncio.sleep(delay)
+                        delay = min(2 * delay, _POLL_MAX_S)
         except TimeoutError:
             return await self._with_logs(
                 Status.TIMEOUT, f"the execution exceeded its wall-clock limit of {job.timeout_s:g} s"
@@ -134,11 +144,10 @@ class PreparedIsolate:
             if self._racer.was_hard_memory_limit_reached():
                 return await self._memory_limit()
             logs, truncated = await self._drain_logs()
-            return _toplevel_error(str(exc), filename, logs=logs, logs_truncated=truncated)
-        except JSPromiseError as exc:
-            # The harness's own promise never rejects; this is the engine failing.
-            return await self._with_logs(Status.INTERNAL, f"the JavaScript engine failed: {type(exc).__name__}")
-        return self._decode(envelope, filename)
+            return _toplevel_error(
+                str(exc), filename, user_lines=_line_count(job.code), logs=logs, logs_truncated=truncated
+            )
+        return self._decode(envelope, filename, user_lines=_line_count(job.code))
 
     async def _memory_limit(self) -> ExecutionResult:
         return await self._with_logs(
@@ -154,7 +163,7 @@ class PreparedIsolate:
         """The console output captured before a failure, if the isolate can still say."""
         try:
             async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                text = await self._drain.cancelable()()
+                text = await self._racer.eval_cancelable(drain_source(self._binding))
             header = json.loads(text) if isinstance(text, str) else None
         except (TimeoutError, JSEvalException, ValueError):
             return "", False
@@ -172,7 +181,7 @@ class PreparedIsolate:
             return logs, truncated
         return encoded[: self._settings.max_log_bytes].decode("utf-8", "ignore"), True
 
-    def _decode(self, envelope: object, filename: str) -> ExecutionResult:
+    def _decode(self, envelope: object, filename: str, *, user_lines: int) -> ExecutionResult:
         """Turns the harness's envelope into a result, checking every part of it."""
         if not isinstance(envelope, str):
             return ExecutionResult(status=Status.INTERNAL, message="the sandbox harness returned no envelope")
@@ -201,18 +210,32 @@ class PreparedIsolate:
                 )
             return ExecutionResult(status=Status.OK, output_json=output, logs=logs, logs_truncated=truncated)
         if status == "runtime":
-            return _runtime_error(name, message, header["stack"], filename, logs=logs, logs_truncated=truncated)
+            return _runtime_error(
+                name, message, header["stack"], filename, user_lines=user_lines, logs=logs, logs_truncated=truncated
+            )
         if status == "output_too_large":
             return ExecutionResult(status=Status.OUTPUT_TOO_LARGE, message=message, logs=logs, logs_truncated=truncated)
         return ExecutionResult(status=Status.INTERNAL, message=message[:MAX_MESSAGE_CHARS], logs=logs)
 
 
+def _line_count(code: str) -> int:
+    return code.count("\n") + 1
+
+
 def _runtime_error(
-    name: str, message: str, stack: str, filename: str, *, logs: str, logs_truncated: bool, line: int = 0
+    name: str,
+    message: str,
+    stack: str,
+    filename: str,
+    *,
+    user_lines: int,
+    logs: str,
+    logs_truncated: bool,
+    line: int = 0,
 ) -> ExecutionResult:
     """A thrown error: its user frames only, its line, and POLICY_VIOLATION for denied names."""
     name, message = name[:200], message[:MAX_MESSAGE_CHARS]
-    frames, first_line = _user_frames(stack, filename)
+    frames, first_line = _user_frames(stack, filename, user_lines)
     # A thrown non-error has no name: "Uncaught 42", as a browser console says.
     thrown = f"Uncaught {message}" if name == "Uncaught" else f"{name}: {message}" if message else name
     status, headline = Status.RUNTIME, thrown
@@ -229,8 +252,11 @@ def _runtime_error(
     )
 
 
-def _user_frames(stack: str, filename: str) -> tuple[list[str], int]:
-    """The stack lines that point into the user's script, and the first one's line number."""
+def _user_frames(stack: str, filename: str, user_lines: int) -> tuple[list[str], int]:
+    """The stack lines that point into the user's code, and the first one's line number.
+
+    Frames on lines past the user's code are the appended call of `main`, not theirs.
+    """
     location = re.compile(r"[( ]" + re.escape(filename) + r":(\d+):(\d+)")
     frames: list[str] = []
     first_line = 0
@@ -239,7 +265,7 @@ def _user_frames(stack: str, filename: str) -> tuple[list[str], int]:
         if not text.startswith("at "):
             continue
         match = location.search(text)
-        if match is None:
+        if match is None or int(match.group(1)) > user_lines:
             continue
         if not frames:
             first_line = int(match.group(1))
@@ -276,7 +302,7 @@ def _syntax_error(report: str, filename: str, code: str) -> ExecutionResult:
     )
 
 
-def _toplevel_error(report: str, filename: str, *, logs: str, logs_truncated: bool) -> ExecutionResult:
+def _toplevel_error(report: str, filename: str, *, user_lines: int, logs: str, logs_truncated: bool) -> ExecutionResult:
     """An error thrown while the script itself ran (before main), from mini-racer's report.
 
     The report is "<script>:LINE: Name: message\\nsource\\ncaret\\n\\n<stack>"; the stack
@@ -292,5 +318,12 @@ def _toplevel_error(report: str, filename: str, *, logs: str, logs_truncated: bo
     name, message = _split_headline(match.group(2))
     stack = rest.split("\n\n", 1)[1] if "\n\n" in rest else ""
     return _runtime_error(
-        name, message, stack, filename, logs=logs, logs_truncated=logs_truncated, line=int(match.group(1))
+        name,
+        message,
+        stack,
+        filename,
+        user_lines=user_lines,
+        logs=logs,
+        logs_truncated=logs_truncated,
+        line=min(int(match.group(1)), user_lines),
     )
