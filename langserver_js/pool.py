@@ -161,6 +161,12 @@ class WorkerPool:
             except WorkerDied:
                 worker.give_back()  # never delivered: try another process
                 continue
+            except BaseException:
+                # Cancelled mid-send: the job may or may not arrive; nobody will
+                # read its result, so the process cannot be trusted with another.
+                worker.kill(None)
+                worker.give_back()
+                raise
             return worker
 
     async def _run_slot(self, index: int) -> None:

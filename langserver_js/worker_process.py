@@ -62,7 +62,8 @@ class _State(enum.Enum):
 class WorkerProcess:
     """One running sandbox process. Built only by `spawn_worker`.
 
-    Its slot in the pool owns its lifecycle (`offer`, `retire`, waiting for ready);
+    Its slot in the pool owns its lifecycle (`offer`, `retire_if_unborrowed`, waiting
+    for ready);
     a caller borrows it for exactly one execution (`borrow`, `send`, `result`,
     `give_back`), like a connection from a connection pool.
     """
@@ -237,7 +238,13 @@ class WorkerProcess:
                 self._proc.kill()
 
     async def close(self) -> None:
-        """Asks the process to exit (stdin EOF), kills it if it does not, and reaps it. Idempotent."""
+        """Stops and reaps the process. Idempotent.
+
+        A healthy process is asked to exit (stdin EOF) and killed only if it does
+        not; one that already failed (unresponsive, dead, off-protocol) is killed.
+        """
+        if self._broken:
+            self.kill(None)
         self._broken = True
         if not self._stdin.is_closing():
             self._stdin.close()
