@@ -100,6 +100,14 @@ def only_allowed_globals(response: langserver_pb2.ExecuteResponse) -> None:
     assert set(json.loads(response.output_json)) - ALLOWED_GLOBALS == {"main"}
 
 
+def harness_frames_unreachable(response: langserver_pb2.ExecuteResponse) -> None:
+    assert kind_name(response) == "OK", response
+    frames = json.loads(response.output_json)
+    assert frames[0][:2] == ["main", True]
+    # The harness's frame and the appended call's frame hand out no function or receiver.
+    assert [frame[1:] for frame in frames[1:]] == [[False, "undefined"]] * (len(frames) - 1)
+
+
 def stack_overflow(response: langserver_pb2.ExecuteResponse) -> None:
     assert kind_name(response) == "RUNTIME", response
     assert "Maximum call stack size exceeded" in response.error.message
@@ -136,6 +144,13 @@ HOSTILE = {
         "function main() { const g = eval('globalThis'); g.polluted = 1;"
         " return [typeof g.process, typeof Function('return this')().require, typeof __timer_manager]; }",
         output(["undefined", "undefined", "undefined"]),
+    ),
+    "callsites-and-callers": Hostile(
+        "function main() {"
+        " Error.prepareStackTrace = (e, sites) => sites.map(s => [s.getFunctionName(), !!s.getFunction(), typeof s.getThis()]);"
+        " if (main.caller !== null) throw new Error('caller reachable');"
+        " return new Error().stack; }",
+        harness_frames_unreachable,
     ),
     "natives-syntax": Hostile("function main() { return %GetOptimizationStatus(main); }", kind("SYNTAX")),
     # Outliving the execution or blocking the host.
