@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,6 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from supervisor.embedded import EmbeddedPostgres, EmbeddedRedis
+from tests.coordinator_harness import CoordinatorHandle, CoordinatorProcess, running_coordinator
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +92,28 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+async def coordinator(database_url: str, redis_url: str) -> AsyncIterator[CoordinatorHandle]:
+    """A real coordinator in this test's event loop, over the test's database and Redis."""
+    async with running_coordinator(database_url, redis_url) as (_, handle):
+        yield handle
+
+
+@pytest.fixture
+async def coordinator_process(
+    database_url: str, redis_url: str
+) -> AsyncIterator[Callable[..., Awaitable[CoordinatorProcess]]]:
+    """Starts `python -m coordinator serve` subprocesses; kills them after the test."""
+    started: list[CoordinatorProcess] = []
+
+    async def start(**env: str) -> CoordinatorProcess:
+        process = CoordinatorProcess(database_url, redis_url, **env)
+        started.append(process)
+        await process.start()
+        return process
+
+    yield start
+    for process in started:
+        process.close()
