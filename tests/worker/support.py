@@ -48,6 +48,8 @@ class Recorded:
     headers: CIMultiDictProxy[str]
     body: bytes
     at: float
+    #: The client's (host, port): the same for requests on one kept-alive connection.
+    peer: tuple[str, int] | None = None
     #: Set when the client went away before the handler answered.
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -108,9 +110,7 @@ class RecordingServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -132,6 +132,7 @@ class RecordingServer:
             headers=request.headers,
             body=await request.read(),
             at=time.monotonic(),
+            peer=request.transport.get_extra_info("peername") if request.transport else None,
         )
         self.requests.append(record)
         behaviour = self.behaviours.get(request.path, ok_json)
