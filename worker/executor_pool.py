@@ -72,6 +72,10 @@ class ExecutorPool:
         """True while this worker holds the entry (queued or being processed)."""
         return (stream, entry_id) in self._held
 
+    def held_ids(self, stream: str) -> list[str]:
+        """The entries of `stream` this worker holds now."""
+        return [entry_id for held_stream, entry_id in self._held if held_stream == stream]
+
     def hand(self, delivery: Delivery) -> None:
         """Passes a message to the executors. The caller has reserved a slot for it.
 

@@ -102,7 +102,10 @@ class Reclaimer:
             handed = 0
             try:
                 self._cursor, entries = await self._consumer.reclaim(
-                    min_idle_ms=self._min_idle_ms, count=reserved, start=self._cursor
+                    min_idle_ms=self._min_idle_ms,
+                    count=reserved,
+                    start=self._cursor,
+                    held=self._pool.held_ids(self._consumer.stream),
                 )
                 for entry in entries:
                     if await self._take(entry):
@@ -118,7 +121,7 @@ class Reclaimer:
                     self._consumer.stream,
                     extra={"worker_id": self._worker_id},
                 )
-            if len(entries) < reserved or self._cursor == "-":
+            if self._cursor == "-":  # the scan reached the end of the PEL
                 return claimed
 
     async def _take(self, entry: StreamEntry) -> bool:

@@ -24,7 +24,7 @@ entry is a parse error on one message, never a decoding failure of a whole read.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -75,25 +75,36 @@ return redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 _RECLAIM_LUA: Final = """
 -- KEYS[1]: the stream
 -- ARGV[1]: consumer group; ARGV[2]: this consumer; ARGV[3]: min idle time (ms);
--- ARGV[4]: where the PEL scan starts ('-' or '(<id>'); ARGV[5]: max entries.
+-- ARGV[4]: where the PEL scan starts ('-' or '(<id>'); ARGV[5]: max entries;
+-- ARGV[6..]: ids this consumer is processing right now, left untouched.
 -- Returns {next_start, {{id, delivery_count, fields or 0}, ...}}.
 --
 -- This is XAUTOCLAIM spelled out as XPENDING + XCLAIM, because XAUTOCLAIM
 -- returns no delivery counts and, before Redis 7, replies nil for an entry
 -- deleted from the stream without saying which id it was (so it could never be
 -- acked). XCLAIM counts the delivery, like XAUTOCLAIM does.
+--
+-- Held ids are skipped because claiming resets the idle time: a worker cut off
+-- from the coordinator would otherwise keep its own message from ever going
+-- idle, and nobody could take its task over once the lease expired.
+local held = {}
+for i = 6, #ARGV do
+  held[ARGV[i]] = true
+end
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], ARGV[4], '+', ARGV[5])
 local out = {}
 local last = nil
 for _, p in ipairs(pending) do
   last = p[1]
-  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
-  local entry = claimed[1]
-  if entry then
-    table.insert(out, {p[1], p[4] + 1, entry[2]})
-  else
-    -- Deleted from the stream (Redis 6 replies nil; Redis 7 drops the PEL entry).
-    table.insert(out, {p[1], p[4] + 1, 0})
+  if not (held[p[1]] and p[2] == ARGV[2]) then
+    local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
+    local entry = claimed[1]
+    if entry then
+      table.insert(out, {p[1], p[4] + 1, entry[2]})
+    else
+      -- Deleted from the stream (Redis 6 replies nil; Redis 7 drops the PEL entry).
+      table.insert(out, {p[1], p[4] + 1, 0})
+    end
   end
 end
 local next_start = '-'
@@ -278,8 +289,13 @@ class StreamConsumer:
         )
         return bool(result)
 
-    async def reclaim(self, *, min_idle_ms: int, count: int, start: str = "-") -> tuple[str, list[StreamEntry]]:
+    async def reclaim(
+        self, *, min_idle_ms: int, count: int, start: str = "-", held: Sequence[str] = ()
+    ) -> tuple[str, list[StreamEntry]]:
         """Claims up to `count` entries idle at least `min_idle_ms`, scanning the PEL from `start`.
+
+        Entries of this consumer listed in `held` (being processed now) are
+        skipped, so their idle time is not reset by the claim.
 
         Returns:
             The scan position for the next call ("-" once the end was reached)
@@ -289,7 +305,7 @@ class StreamConsumer:
         reply: Any = await self._call(
             "reclaim",
             lambda: self._scripts.reclaim(
-                keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, start, count]
+                keys=[self.stream], args=[self.group, self.consumer, min_idle_ms, start, count, *held]
             ),
         )
         next_start = _text(reply[0])

@@ -301,3 +301,19 @@ class TcpProxy:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+async def pending_per_consumer(client: Any, streams: list[str]) -> dict[str, int]:
+    """Sums the group's pending entries per consumer over `streams` (XPENDING summary form)."""
+    from protos.taskstream import CONSUMER_GROUP
+
+    totals: dict[str, int] = {}
+    for stream in streams:
+        try:
+            summary = await client.xpending(stream, CONSUMER_GROUP)
+        except Exception:  # no such stream or group yet: nothing pending
+            continue
+        for row in summary.get("consumers") or []:
+            name = row["name"].decode() if isinstance(row["name"], bytes) else row["name"]
+            totals[name] = totals.get(name, 0) + int(row["pending"])
+    return totals

@@ -166,3 +166,17 @@ async def test_reclaim_reports_entries_deleted_while_pending(raw: aioredis.Redis
     assert [(e.entry_id, e.fields is None) for e in entries] == [(ids[0], True), (ids[1], False)]
     await rescuer.ack(ids[0])  # what the reclaimer does with a deleted entry: the PEL is clean again
     assert [p["message_id"].decode() for p in await pending_of(raw, "rescuer")] == [ids[1]]
+
+
+async def test_reclaim_leaves_entries_the_worker_holds_alone(raw: aioredis.Redis) -> None:
+    """Claiming resets idle time: a worker must not refresh its own held entries by reclaiming them."""
+    me = consumer(raw, "me")
+    await me.ensure_group()
+    ids = await add(raw, 2)
+    await me.read_new(2)
+    await asyncio.sleep(0.05)
+    _, entries = await me.reclaim(min_idle_ms=10, count=10, held=[ids[0]])
+    assert [e.entry_id for e in entries] == [ids[1]]  # an orphan of its own (e.g. before a restart)
+    [held] = [p for p in await pending_of(raw, "me") if p["message_id"].decode() == ids[0]]
+    assert int(held["time_since_delivered"]) >= 50  # still idle: not claimed
+    assert held["times_delivered"] == 1
