@@ -63,7 +63,8 @@ class HealthState:
     either the old or the new value.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, loop_stall_s: float = LOOP_STALL_S) -> None:
+        self.loop_stall_s = loop_stall_s
         self.loop_beat = time.monotonic()
         self.ready_problems: tuple[str, ...] = ("not probed yet",)
         self.ready_checked_at = 0.0
@@ -73,7 +74,7 @@ class HealthState:
     def liveness(self) -> tuple[bool, list[str]]:
         problems = []
         silent = time.monotonic() - self.loop_beat
-        if silent > LOOP_STALL_S:
+        if silent > self.loop_stall_s:
             problems.append(f"event loop unresponsive for {silent:.1f} s")
         if self.stall is not None:
             problems.append(self.stall)

@@ -89,6 +89,7 @@ class LeaseRenewer:
                 on_lost()
                 return
             last_renewed = time.monotonic()
+            self._metrics.renewals.inc()
             self._progress.note()
             try:
                 if not await consumer.touch(entry_id):

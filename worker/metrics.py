@@ -75,6 +75,7 @@ class WorkerMetrics:
         self.dead_lettered = Counter(
             "worker_dead_lettered", "Messages dead-lettered after MaxDeliveries deliveries", registry=r
         )
+        self.renewals = Counter("worker_lease_renewals", "Leases renewed", registry=r)
         self.renewal_errors = Counter(
             "worker_lease_renewal_errors", "Renewal calls that failed in transport (retried)", registry=r
         )
