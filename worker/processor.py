@@ -30,6 +30,7 @@ normal finish              report success or failure, then ack               the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Final
@@ -51,6 +52,13 @@ __all__ = ["EXECUTOR_DEADLINE_SLACK_S", "TaskProcessor"]
 
 logger = logging.getLogger(__name__)
 
+#: After a failed lease call the executor waits this long (doubling per
+#: consecutive failure, up to the cap) before taking another message, holding
+#: its slot: a worker that cannot reach the coordinator (or is refused by it)
+#: stops pulling messages into its PEL instead of hoarding the backlog there.
+ACQUIRE_BACKOFF_S: Final = 0.5
+MAX_ACQUIRE_BACKOFF_S: Final = 10.0
+
 #: Executors honour the task timeout themselves (the HTTP request's timeout; the
 #: language server's own timeout, then its RPC deadline at +5 s). This backstop
 #: fires only if one does not.
@@ -70,8 +78,11 @@ class TaskProcessor:
         active: ActiveExecutions,
         metrics: WorkerMetrics,
         progress: Progress,
+        stop: asyncio.Event,
     ) -> None:
         self._config = config
+        self._stop = stop
+        self._acquire_failures = 0
         self._coordinator = coordinator
         self._router = router
         self._renewer = renewer
@@ -106,11 +117,14 @@ class TaskProcessor:
             acquired = await self._coordinator.acquire(message, self._config.lease_ttl_s)
         except CoordinatorUnavailable as exc:
             await self._acquire_unknown(message, log, exc)
+            await self._back_off()
             return
         except CoordinatorRejected as exc:
             log.error("coordinator refused the lease request; message left pending: %s", exc)
             self._metrics.outcome(Outcome.COORDINATOR_ERROR)
+            await self._back_off()
             return
+        self._acquire_failures = 0
         if not acquired:
             log.info(
                 "task lease not acquired (running elsewhere, finished, or a stale attempt); dropping the message",
@@ -151,6 +165,14 @@ class TaskProcessor:
             await self._coordinator.release(message, "acquire outcome unknown", attempts=1)
         except (CoordinatorUnavailable, CoordinatorRejected) as release_exc:
             log.info("could not release a possibly-held lease either: %s", release_exc)
+
+    async def _back_off(self) -> None:
+        """Holds this executor's slot a while after a failed lease call (cut short by stop)."""
+        self._acquire_failures += 1
+        delay = min(ACQUIRE_BACKOFF_S * 2 ** (self._acquire_failures - 1), MAX_ACQUIRE_BACKOFF_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._stop.wait()
 
     async def _touch(self, delivery: Delivery, log: TaskLogger) -> None:
         """Restarts the entry's idle clock now that we hold the lease.

@@ -162,6 +162,7 @@ class Worker:
             active=active,
             metrics=self.metrics,
             progress=self._progress,
+            stop=stop,
         )
         pool = ExecutorPool(concurrency=config.concurrency, slots=slots, handle=processor.handle)
         monitor = HealthMonitor(

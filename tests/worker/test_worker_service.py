@@ -19,12 +19,20 @@ import pytest
 import redis.asyncio as aioredis
 
 from protos import workflow_pb2 as pb
+from protos.taskstream import queue_streams
 from supervisor.embedded import free_port
 from tests.coordinator_harness import CoordinatorHandle, running_coordinator
 from tests.helpers import eventually
 from tests.worker.conftest import http_workflow
 from tests.worker.langserver_fake import Server, start_langserver
-from tests.worker.support import REPO_ROOT, RecordingServer, WorkerProcess, in_process_worker, worker_config
+from tests.worker.support import (
+    REPO_ROOT,
+    RecordingServer,
+    WorkerProcess,
+    in_process_worker,
+    pending_per_consumer,
+    worker_config,
+)
 from worker.metrics import Outcome
 
 
@@ -155,22 +163,30 @@ async def test_code_steps_go_to_the_language_server(coordinator: CoordinatorHand
 
 
 async def test_bearer_token_is_sent_to_the_coordinator(
-    database_url: str, redis_url: str, http_server: RecordingServer
+    database_url: str, redis_url: str, redis_client: aioredis.Redis, http_server: RecordingServer
 ) -> None:
     async with running_coordinator(database_url, redis_url, token="s3cret") as (_, coordinator):
         await coordinator.register(http_workflow("auth", http_server.url("/ok")))
-        run_id = await coordinator.start_run("auth", {"n": 1})
+        run_ids = [await coordinator.start_run("auth", {"n": n}) for n in range(5)]
+        streams = queue_streams(["http"], 2)
+
+        async def published() -> bool:
+            return sum([await redis_client.xlen(s) for s in streams]) == len(run_ids)
+
+        await eventually(published, what="dispatches published")
         anonymous = worker_config(coordinator.addr, redis_url, concurrency=1)
         async with in_process_worker(anonymous) as worker:
             metrics = worker.worker.metrics
-            await eventually(lambda: flag(metrics.count(Outcome.COORDINATOR_ERROR) >= 1), what="refused")
+            await eventually(lambda: flag(metrics.count(Outcome.COORDINATOR_ERROR) >= 2), what="refused twice")
+            # Refused, it backs off instead of pulling the whole backlog into its PEL.
+            assert (await pending_per_consumer(redis_client, streams))[worker.id] <= 3
         assert http_server.requests == []  # never executed without a lease
         # The message was left pending (not acked); the task waits for a worker that may lease it.
         authorised = worker_config(coordinator.addr, redis_url, coordinator_token="s3cret")
         async with in_process_worker(authorised):
             # The pending message of the stopped worker goes idle and is reclaimed.
-            run = await coordinator.wait_for_run(run_id, timeout_s=30)
-        assert run.state == pb.RUN_STATE_COMPLETED
+            runs = [await coordinator.wait_for_run(run_id, timeout_s=30) for run_id in run_ids]
+        assert [run.state for run in runs] == [pb.RUN_STATE_COMPLETED] * len(runs)
 
 
 async def test_worker_survives_a_redis_flushall(
