@@ -68,18 +68,15 @@ async def fresh_database(admin_dsn: str, name: str) -> str:
 async def coordinator(database_url: str, redis_url: str, **env: str) -> AsyncIterator[str]:
     """`python -m coordinator serve` on a free port; yields its address."""
     addr = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "serve"],
-        env={
-            **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),
+    proc = spawn(
+        ["-m", "coordinator", "serve"],
+        {
             "DATABASE_URL": database_url,
             "REDIS_ADDR": redis_url,
             "COORDINATOR_LISTEN_ADDR": addr,
             "LOG_LEVEL": "warning",
             **env,
         },
-        stdout=subprocess.DEVNULL,
     )
     try:
         await wait_serving(addr, proc)

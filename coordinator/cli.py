@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import uvloop
 
 from coordinator.config import CoordinatorConfig
-from coordinator.errors import ConfigError
+from coordinator.errors import ConfigError, StartupError
 from coordinator.server import Coordinator
 from telemetry import configure_logging
 
@@ -54,6 +54,10 @@ def main(argv: Sequence[str]) -> int:
         except (ConfigError, ValueError) as exc:
             print(f"coordinator: invalid configuration: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        uvloop.run(_serve(config))
+        try:
+            uvloop.run(_serve(config))
+        except StartupError as exc:
+            log.error("coordinator did not start: %s", exc)
+            return EXIT_FAILED
         return EXIT_OK
     return EXIT_FAILED
