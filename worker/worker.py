@@ -1,11 +1,12 @@
 """The worker: wires the loops together and runs them (seed steps 4, 5 and 12).
 
-One :class:`~worker.stream.StreamConsumer` per shard stream of every queue the
-worker serves (the shard count is discovered from Redis, where the coordinator
-publishes it); per stream a :class:`~worker.reader.StreamReader` and a
-:class:`~worker.reclaim.Reclaimer`; ``Concurrency`` executors behind a bounded
-hand-off (:class:`~worker.executor_pool.ExecutorPool`); and the health monitor.
-All of them run in one TaskGroup owned by :meth:`Worker.run`.
+:class:`~worker.intake.Intake` runs, per shard stream of every queue the worker
+serves, a :class:`~worker.reader.StreamReader` and a
+:class:`~worker.reclaim.Reclaimer` (the shard count is discovered from Redis,
+where the coordinator publishes it, and followed when it grows);
+``Concurrency`` executors sit behind a bounded hand-off
+(:class:`~worker.executor_pool.ExecutorPool`); the health monitor watches it
+all. Everything runs in one TaskGroup owned by :meth:`Worker.run`.
 
 Shutdown runs in written stages once ``stop`` is set:
 
@@ -32,26 +33,23 @@ from collections.abc import AsyncIterator
 from typing import Final
 
 import redis.asyncio as aioredis
-import redis.exceptions
 
-from protos.taskstream import SHARD_COUNT_KEY, queue_streams
 from telemetry import redact_url
 from worker.config import WorkerConfig
 from worker.coordinator_client import CoordinatorClient
-from worker.errors import ConfigError, StreamUnavailable
+from worker.errors import ConfigError
 from worker.execution import ActiveExecutions, CancelReason
 from worker.executor_pool import ExecutorPool
 from worker.executors import HTTPExecutor
 from worker.health import HealthMonitor, HealthServer, HealthState, Probe, Progress
+from worker.intake import Intake
 from worker.langclient import LangClientManager
 from worker.lease_renewal import LeaseRenewer
 from worker.metrics import WorkerMetrics
 from worker.processor import TaskProcessor
-from worker.reader import StreamReader
-from worker.reclaim import Reclaimer
 from worker.router import Router
 from worker.slots import SlotPool
-from worker.stream import StreamConsumer, StreamScripts, connect_redis
+from worker.stream import StreamScripts, connect_redis
 
 __all__ = ["Worker", "run_worker"]
 
@@ -59,8 +57,6 @@ logger = logging.getLogger(__name__)
 
 #: Stage 3's budget: releasing the leases of cancelled executions.
 CANCEL_BUDGET_S: Final = 10.0
-SHARD_POLL_S: Final = 1.0
-SHARD_LOG_EVERY_S: Final = 30.0
 
 
 class Worker:
@@ -89,12 +85,12 @@ class Worker:
         self._languages = languages
         self._http = http
         self._progress = Progress()
-        self._streams: tuple[str, ...] = ()
+        self._intake: Intake | None = None
 
     @property
     def streams(self) -> tuple[str, ...]:
         """The streams read (known once the shard count was discovered)."""
-        return self._streams
+        return self._intake.streams if self._intake is not None else ()
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -173,46 +169,26 @@ class Worker:
             progress=self._progress,
             stall_threshold_s=config.stall_threshold_s,
         )
+        intake = Intake(
+            config,
+            redis_client=self._redis,
+            scripts=self._scripts,
+            slots=slots,
+            pool=pool,
+            coordinator=self._coordinator,
+            metrics=self.metrics,
+        )
+        self._intake = intake
         async with asyncio.TaskGroup() as tg:
             monitor_task = tg.create_task(monitor.run(), name="health-monitor")
             tg.create_task(pool.run(), name="executor-pool")  # ends with pool.close() in stage 4
-            shards = await self._discover_shards(stop)
-            intake: list[asyncio.Task[None]] = []
-            if shards is not None:
-                self._streams = tuple(queue_streams(list(config.served_queues), shards))
-                consumers = [
-                    StreamConsumer(self._redis, self._scripts, name, consumer=config.worker_id)
-                    for name in self._streams
-                ]
-                for consumer in consumers:
-                    with contextlib.suppress(StreamUnavailable):  # readers re-create the group on NOGROUP
-                        await consumer.ensure_group()
-                logger.info(
-                    "reading %d stream(s)",
-                    len(consumers),
-                    extra={"worker_id": config.worker_id, "streams": list(self._streams), "shards": shards},
-                )
-                for consumer in consumers:
-                    reader = StreamReader(consumer, slots=slots, pool=pool, metrics=self.metrics)
-                    reclaimer = Reclaimer(
-                        consumer,
-                        slots=slots,
-                        pool=pool,
-                        coordinator=self._coordinator,
-                        metrics=self.metrics,
-                        interval_s=config.reclaim_interval_s,
-                        min_idle_s=config.reclaim_min_idle_s,
-                        max_deliveries=config.max_deliveries,
-                        worker_id=config.worker_id,
-                    )
-                    intake.append(tg.create_task(reader.run(stop), name=f"read {consumer.stream}"))
-                    intake.append(tg.create_task(reclaimer.run(stop), name=f"reclaim {consumer.stream}"))
+            intake_task = tg.create_task(intake.run(stop), name="intake")
             await stop.wait()
-            await self._shut_down(slots=slots, intake=intake, pool=pool, active=active)
+            await self._shut_down(slots=slots, intake=intake_task, pool=pool, active=active)
             monitor_task.cancel()
 
     async def _shut_down(
-        self, *, slots: SlotPool, intake: list[asyncio.Task[None]], pool: ExecutorPool, active: ActiveExecutions
+        self, *, slots: SlotPool, intake: asyncio.Task[None], pool: ExecutorPool, active: ActiveExecutions
     ) -> None:
         grace = self.config.shutdown_grace_s
         worker_id = self.config.worker_id
@@ -222,8 +198,7 @@ class Worker:
         # Stage 1: stop intake.
         self.health.draining = True
         slots.close()
-        if intake:
-            await asyncio.wait(intake)
+        await asyncio.wait([intake])
         # Stage 2: drain.
         if not await pool.drain(grace):
             # Stage 3: cancel the rest, with a recorded reason.
@@ -241,35 +216,6 @@ class Worker:
                 )
         pool.close()
         logger.info("worker stopped", extra={"worker_id": worker_id})
-
-    async def _discover_shards(self, stop: asyncio.Event) -> int | None:
-        """Waits until the coordinator has published the shard count; None if stopped first."""
-        loop = asyncio.get_running_loop()
-        last_log = 0.0
-        while not stop.is_set():
-            problem: str
-            try:
-                raw = await self._redis.get(SHARD_COUNT_KEY)
-            except redis.exceptions.RedisError as exc:
-                problem = f"redis unavailable: {exc}"
-            else:
-                if raw is None:
-                    problem = f"{SHARD_COUNT_KEY!r} not set yet (has the coordinator started?)"
-                else:
-                    try:
-                        shards = int(raw)
-                    except ValueError:
-                        shards = 0
-                    if shards >= 1:
-                        return shards
-                    problem = f"{SHARD_COUNT_KEY!r} holds {raw!r}, not a positive integer"
-            if loop.time() - last_log >= SHARD_LOG_EVERY_S:
-                logger.warning("waiting for the shard count: %s", problem, extra={"worker_id": self.config.worker_id})
-                last_log = loop.time()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SHARD_POLL_S):
-                    await stop.wait()
-        return None
 
     def _probes(self) -> dict[str, Probe]:
         async def redis_ping() -> None:

@@ -257,3 +257,26 @@ async def test_sigterm_while_waiting_for_the_coordinator_exits_0(
     process.signal(signal.SIGTERM)
     assert await process.wait(timeout_s=10) == 0
     assert any(line.get("event") == "worker stopped" for line in process.log_lines())
+
+
+async def test_new_shards_are_read_without_a_restart(
+    redis_url: str, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import worker.intake
+
+    monkeypatch.setattr(worker.intake, "SHARD_RECHECK_S", 0.1)
+    await redis_client.set("wf:shards", 2)
+    config = worker_config(f"127.0.0.1:{free_port()}", redis_url)
+    async with in_process_worker(config) as running:
+
+        async def streams(count: int) -> bool:
+            return len(running.worker.streams) == count
+
+        await eventually(lambda: streams(2), what="two streams")
+        await redis_client.set("wf:shards", 4)  # the coordinator restarted with more shards
+        await eventually(lambda: streams(4), what="four streams")
+        await redis_client.set("wf:shards", 1)  # lowered: keep reading what is served
+        await redis_client.xadd("wf:tasks:http:3", {"task": "not a task"})  # a new shard's reader is live
+        metrics = running.worker.metrics
+        await eventually(lambda: flag(metrics.count(Outcome.INVALID) == 1), what="message on shard 3 read")
+        assert running.worker.streams == tuple(f"wf:tasks:http:{n}" for n in range(4))
