@@ -200,7 +200,15 @@ class TaskProcessor:
             deadline=started + timeout_s,
         )
         self._metrics.schedule_to_start.observe(max(0.0, time.time() - delivery.entry.published_at))
-        log.info("executing task", extra={"node_type": message.node_type, "timeout_s": timeout_s})
+        log.info(
+            "executing task",
+            extra={
+                "node_type": message.node_type,
+                "timeout_s": timeout_s,
+                "delivery_count": delivery.entry.delivery_count,
+                "reclaimed": delivery.reclaimed,
+            },
+        )
         async with asyncio.TaskGroup() as tg:
             execution = Execution(
                 tg.create_task(self._run_executor(message, context, log), name=f"execute-{message.task_id}"),
