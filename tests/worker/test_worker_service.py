@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,12 +14,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 import redis.asyncio as aioredis
 
 from protos import workflow_pb2 as pb
+from protos import workflow_pb2_grpc as pb_grpc
 from protos.taskstream import queue_streams
 from supervisor.embedded import free_port
 from tests.coordinator_harness import CoordinatorHandle, running_coordinator
@@ -280,3 +285,47 @@ async def test_new_shards_are_read_without_a_restart(
         metrics = running.worker.metrics
         await eventually(lambda: flag(metrics.count(Outcome.INVALID) == 1), what="message on shard 3 read")
         assert running.worker.streams == tuple(f"wf:tasks:http:{n}" for n in range(4))
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (skips without the openssl command)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_and_token_to_the_coordinator(
+    database_url: str, redis_url: str, http_server: RecordingServer, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    async with running_coordinator(database_url, redis_url, tls_cert=cert, tls_key=key, token="tls-token") as (
+        server,
+        _,
+    ):
+        addr = f"127.0.0.1:{server.port}"
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        metadata = (("authorization", "Bearer tls-token"),)
+        async with grpc.aio.secure_channel(addr, credentials) as channel:
+            stub = pb_grpc.WorkflowServiceStub(channel)
+            definition = json.dumps(http_workflow("tls", http_server.url("/ok"))).encode()
+            await stub.RegisterWorkflow(pb.RegisterWorkflowRequest(definition=definition), metadata=metadata)
+            reply = await stub.StartRun(pb.StartRunRequest(workflow="tls", input=b'{"n": 1}'), metadata=metadata)
+            config = worker_config(addr, redis_url, coordinator_tls_ca=cert.read_bytes(), coordinator_token="tls-token")
+            async with in_process_worker(config):
+
+                async def completed() -> bool:
+                    run = (await stub.GetRun(pb.GetRunRequest(run_id=reply.run_id), metadata=metadata)).run
+                    return bool(run.state == pb.RUN_STATE_COMPLETED)
+
+                await eventually(completed, timeout_s=20, what="run completed over TLS")
+    assert len(http_server.to("/ok")) == 1
