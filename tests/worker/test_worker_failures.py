@@ -188,8 +188,12 @@ async def test_sigterm_mid_task_releases_and_another_worker_completes_it(
     assert run.tasks[0].error == ""
     assert await ignored_reports(coordinator, run_id) == []
     assert work.requests[0].disconnected.is_set()
-    messages = [line.get("event", "") for line in a.log_lines()]
-    assert any("interrupted by shutdown; lease released=True" in m for m in messages), messages
+    [interrupted] = [line for line in a.log_lines() if "interrupted by shutdown" in line.get("event", "")]
+    assert "lease released=True" in interrupted["event"]
+    # Per-task log lines carry the task's identity (JSON, from telemetry.configure_logging).
+    task = run.tasks[0]
+    assert (interrupted["task_id"], interrupted["run_id"], interrupted["node_id"]) == (task.id, run_id, "call")
+    assert (interrupted["attempt"], interrupted["worker_id"], interrupted["service"]) == (1, a.worker_id, "worker")
 
 
 async def test_sigterm_lets_in_flight_tasks_finish_within_the_grace_period(
