@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 ACQUIRE_BACKOFF_S: Final = 0.5
 MAX_ACQUIRE_BACKOFF_S: Final = 10.0
 
+#: Node types used as metric labels; anything else is "other" (labels must stay few).
+_KNOWN_NODE_TYPES: Final = frozenset({"http", "python", "js", "node"})
+
 #: Executors honour the task timeout themselves (the HTTP request's timeout; the
 #: language server's own timeout, then its RPC deadline at +5 s). This backstop
 #: fires only if one does not.
@@ -235,7 +238,8 @@ class TaskProcessor:
         elapsed = time.monotonic() - started
         if isinstance(outcome, ExecutionResult):
             result = "completed" if outcome.succeeded else "failed"
-            self._metrics.execution.labels(message.node_type, result).observe(elapsed)
+            node_type = message.node_type if message.node_type in _KNOWN_NODE_TYPES else "other"
+            self._metrics.execution.labels(node_type, result).observe(elapsed)
             log.info("task executed", extra={"duration_s": round(elapsed, 4), "success": outcome.succeeded})
         return outcome
 

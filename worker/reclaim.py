@@ -156,12 +156,17 @@ class Reclaimer:
             extra={"entry_id": entry.entry_id, "delivery_count": entry.delivery_count},
         )
         try:
-            await self._coordinator.report_dead_letter(message, delivery_count=entry.delivery_count, error=reason)
+            ack = await self._coordinator.report_dead_letter(message, delivery_count=entry.delivery_count, error=reason)
         except (CoordinatorUnavailable, CoordinatorRejected) as exc:
             log.error("could not report the dead-lettered task; will retry on a later reclaim cycle: %s", exc)
             return
-        self._metrics.dead_lettered.inc()
-        self._metrics.outcome(Outcome.DEAD_LETTERED)
+        if ack.applied:
+            self._metrics.dead_lettered.inc()
+            self._metrics.outcome(Outcome.DEAD_LETTERED)
+        else:
+            # E.g. the task finished meanwhile, or another worker holds a live lease on it.
+            log.info("coordinator ignored the dead-letter report: %s", ack.ignored_reason or "no reason given")
+            self._metrics.outcome(Outcome.DROPPED)
         await self._ack(entry)
 
     async def _ack(self, entry: StreamEntry) -> None:
