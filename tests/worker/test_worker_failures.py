@@ -239,7 +239,7 @@ async def test_sigkill_mid_task_is_taken_over_within_ttl_plus_reclaim(
         elapsed = time.monotonic() - killed
         reclaimed = b.worker.metrics.sample("worker_messages_reclaimed_total")
     bound = config_b.lease_ttl_s + config_b.reclaim_interval_s
-    assert elapsed <= bound + 1.5, f"took {elapsed:.1f}s, bound {bound}s"
+    assert elapsed <= bound + 2.0, f"took {elapsed:.1f}s, bound {bound}s (+2 s to run and report)"
     assert run.state == pb.RUN_STATE_COMPLETED
     assert json.loads(run.tasks[0].output) == {"who": "request 2"}
     assert run.tasks[0].attempt == 1
