@@ -15,6 +15,7 @@ line and one plain line at start (log-merging tests), and:
   --grow-mb N         allocate and touch N MiB after start
   --grandchild        start a sleeping grandchild in the same process group
   --not-serving       serve health, but report NOT_SERVING
+  --serve-after S     wait S seconds before serving
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 
 def record(name: str, event: str, detail: str = "") -> None:
@@ -73,13 +73,15 @@ async def main(args: argparse.Namespace) -> int:
             hog[i] = 1
     server = None
     if args.serve or args.not_serving:
+        if args.serve_after:
+            await asyncio.sleep(args.serve_after)
         server = await serve_health(os.environ["LANGSERVER_ADDR"], serving=not args.not_serving)
+        record(name, "serving", os.environ["LANGSERVER_ADDR"])
     if args.exit_code is not None and args.exit_after is None:
         record(name, "exit", str(args.exit_code))
         return int(args.exit_code)
-    deadline = None if args.exit_after is None else time.monotonic() + args.exit_after
     try:
-        async with asyncio.timeout_at(None if deadline is None else loop.time() + args.exit_after):
+        async with asyncio.timeout_at(None if args.exit_after is None else loop.time() + args.exit_after):
             await stop.wait()
     except TimeoutError:
         code = 1 if args.exit_code is None else int(args.exit_code)
@@ -106,4 +108,5 @@ if __name__ == "__main__":
     parser.add_argument("--drain", type=float, default=0.0)
     parser.add_argument("--grow-mb", type=int, default=0)
     parser.add_argument("--grandchild", action="store_true")
+    parser.add_argument("--serve-after", type=float, default=0.0)
     sys.exit(asyncio.run(main(parser.parse_args())))
