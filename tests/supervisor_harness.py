@@ -43,12 +43,12 @@ def standin(name: str, *options: str) -> str:
 class SupervisorProcess:
     """One `python -m supervisor` run; stderr (the merged JSON log) goes to a file."""
 
-    def __init__(self, tmp: Path, args: list[str] | None = None, **env: str) -> None:
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str]) -> None:
         self.tmp = tmp
         self.record_file = tmp / "record.txt"
         self.log_file = tmp / "supervisor.log"
         self.out_file = tmp / "supervisor.out"
-        self.args = args or []
+        self.args = args
         self.env = {
             **os.environ,
             "PYTHONPATH": str(REPO_ROOT),
@@ -129,7 +129,11 @@ class SupervisorProcess:
     def wait_started(self, *names: str, timeout_s: float = 30.0) -> None:
         """Waits until each stand-in named has recorded its start (its signal handlers are set by then)."""
         for name in names:
-            self.wait_for(lambda name=name: bool(self.events(name, "started")), timeout_s, f"{name} started")
+
+            def started(name: str = name) -> bool:
+                return bool(self.events(name, "started"))
+
+            self.wait_for(started, timeout_s, f"{name} started")
 
     def descendants(self) -> list[psutil.Process]:
         with contextlib.suppress(psutil.Error):
@@ -182,8 +186,9 @@ class SupervisorProcess:
 
 
 @contextlib.contextmanager
-def supervisor(tmp: Path, args: list[str] | None = None, **env: str) -> Iterator[SupervisorProcess]:
-    process = SupervisorProcess(tmp, args, **env).start()
+def supervisor(tmp: Path, *args: str, **env: str) -> Iterator[SupervisorProcess]:
+    """`python -m supervisor *args` with `env` added to the test environment; killed (with its children) at exit."""
+    process = SupervisorProcess(tmp, list(args), env).start()
     try:
         yield process
     finally:

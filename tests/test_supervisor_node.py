@@ -146,7 +146,7 @@ def test_external_lang_worker_addrs_spawn_no_language_server(tmp_path: Path) -> 
     [("langserver-python", "langserver-python"), ("langserver-js", "langserver-js"), ("worker", "worker")],
 )
 def test_a_role_runs_only_its_part(tmp_path: Path, role: str, expected: str) -> None:
-    with supervisor(tmp_path, ["--role", role], **_children()) as node:
+    with supervisor(tmp_path, "--role", role, **_children()) as node:
         node.wait_ready()
         node.wait_started(expected)
         assert [r[0] for r in node.records() if r[1] == "started"] == [expected]
