@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 import uvloop
 
 from coordinator.config import CoordinatorConfig
-from coordinator.errors import ConfigError
+from coordinator.errors import ConfigError, StartupError
 from coordinator.operator import ClientSettings, Operator, OperatorError
 from coordinator.server import Coordinator
 from telemetry import configure_logging
@@ -152,7 +152,11 @@ def _serve_main(environ: Mapping[str, str]) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"coordinator: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    uvloop.run(_serve(config))
+    try:
+        uvloop.run(_serve(config))
+    except StartupError as exc:
+        log.error("coordinator did not start: %s", exc)
+        return EXIT_FAILED
     return EXIT_OK
 
 

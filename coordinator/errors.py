@@ -4,7 +4,8 @@
     ├── InvalidRequest        a request field is missing or malformed (→ INVALID_ARGUMENT)
     ├── InvalidDefinition     a workflow definition does not validate (→ INVALID_ARGUMENT)
     ├── NotFound              a workflow, version or run does not exist (→ NOT_FOUND)
-    └── ConfigError           an environment variable is invalid (→ exit code 3)
+    ├── ConfigError           an environment variable is invalid (→ exit code 3)
+    └── StartupError          PostgreSQL or Redis stayed unreachable at start (→ exit code 1)
 
 Expected outcomes (a lease not acquired, a stale report ignored) are return
 values, not exceptions.
@@ -12,7 +13,7 @@ values, not exceptions.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "CoordinatorError", "InvalidDefinition", "InvalidRequest", "NotFound"]
+__all__ = ["ConfigError", "CoordinatorError", "InvalidDefinition", "InvalidRequest", "NotFound", "StartupError"]
 
 
 class CoordinatorError(Exception):
@@ -45,3 +46,7 @@ class NotFound(CoordinatorError):
 
 class ConfigError(CoordinatorError):
     """An environment variable has an invalid value; the message names it."""
+
+
+class StartupError(CoordinatorError):
+    """A backing service stayed unreachable while starting; the message names it."""

@@ -68,6 +68,7 @@ _TASK_STATES = {
 }
 _TERMINAL_RUN = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 _MAX_ID_CHARS = 256
+MAX_LEASE_TTL_S = 86_400
 _MAX_ERROR_CHARS = 64 * 1024
 _MAX_INPUT_BYTES = 1 << 20
 _WATCH_POLL_S = 0.5
@@ -186,6 +187,8 @@ class WorkflowService(pb_grpc.WorkflowServiceServicer):  # type: ignore[misc]
         task_id = _uuid(request.task_id, "task_id")
         run_id = _uuid(request.run_id, "run_id")
         owner = _required(request.owner, "owner")
+        if request.ttl_seconds > MAX_LEASE_TTL_S:
+            raise InvalidRequest("ttl_seconds", f"must be at most {MAX_LEASE_TTL_S} (a day)")
         ttl = float(request.ttl_seconds) if request.ttl_seconds > 0 else float(DEFAULT_LEASE_TTL_S)
         return run_id, task_id, owner, ttl
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 import grpc
@@ -18,10 +21,12 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import start_http_server
+from redis.exceptions import RedisError
 
 from coordinator.auth import BearerTokenInterceptor
 from coordinator.config import CoordinatorConfig
 from coordinator.db import create_pool
+from coordinator.errors import StartupError
 from coordinator.grpc_service import WorkflowService
 from coordinator.lease import LeaseManager
 from coordinator.outbox import OutboxRelay, RelaySettings
@@ -39,7 +44,29 @@ __all__ = ["Coordinator"]
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+#: How long a starting coordinator waits for PostgreSQL and Redis.
+STARTUP_TIMEOUT_S = 30.0
+T = TypeVar("T")
 _SERVICE_NAME = "workflow.v1.WorkflowService"
+
+
+async def _until_reachable(what: str, connect: Callable[[], Awaitable[T]]) -> T:
+    """Retries a first connection for a while, so a coordinator may start before its database.
+
+    Raises:
+        StartupError: still unreachable after STARTUP_TIMEOUT_S.
+    """
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    delay = 0.1
+    while True:
+        try:
+            return await connect()
+        except (OSError, asyncpg.CannotConnectNowError, asyncpg.InterfaceError, RedisError) as exc:
+            if time.monotonic() + delay > deadline:
+                raise StartupError(f"could not reach {what} within {STARTUP_TIMEOUT_S:.0f}s: {exc}") from exc
+            log.warning("waiting for %s: %s", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 class Coordinator:
@@ -61,15 +88,19 @@ class Coordinator:
     async def run(self) -> None:
         """Serves until `stop()`; then shuts down in stages and returns."""
         config = self._config
-        log.info("connecting to PostgreSQL at %s", redact_url(config.database_url))
-        pool = await create_pool(config.database_url, max_size=config.db_pool_size)
+        pool = await _until_reachable(
+            f"PostgreSQL at {redact_url(config.database_url)}",
+            lambda: create_pool(config.database_url, max_size=config.db_pool_size),
+        )
         redis = aioredis.Redis.from_url(config.redis_url, health_check_interval=30)
         try:
             async with pool.acquire() as conn:
                 applied = await apply_migrations(conn)
             if applied:
                 log.info("schema migrated", extra={"migrations": applied})
-            await redis.set(SHARD_COUNT_KEY, config.stream_shards)
+            await _until_reachable(
+                f"Redis at {redact_url(config.redis_url)}", lambda: redis.set(SHARD_COUNT_KEY, config.stream_shards)
+            )
             await self._serve(pool, redis)
         finally:
             await redis.aclose()
@@ -108,6 +139,7 @@ class Coordinator:
             engine=engine,
             interval_s=config.sweep_interval_s,
             stall_after_s=config.stall_after_s,
+            shards=config.stream_shards,
         )
         self.relay, self.sweeper = relay, sweeper
         service = WorkflowService(leases=LeaseManager(pool), engine=engine, workflows=workflows, hub=hub)

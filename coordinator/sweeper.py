@@ -58,8 +58,16 @@ _BATCH = 500
 
 class Sweeper:
     def __init__(
-        self, *, pool: asyncpg.Pool, redis: aioredis.Redis, engine: RunEngine, interval_s: float, stall_after_s: float
+        self,
+        *,
+        pool: asyncpg.Pool,
+        redis: aioredis.Redis,
+        engine: RunEngine,
+        interval_s: float,
+        stall_after_s: float,
+        shards: int,
     ) -> None:
+        self._shards = shards
         self._pool = pool
         self._redis = redis
         self._engine = engine
@@ -82,7 +90,9 @@ class Sweeper:
         redispatched = 0
         for row in rows:
             if row["awaiting_relay"] or (
-                row["dispatch_id"] and await self._message_alive(row["dispatch_stream"], row["dispatch_id"])
+                row["dispatch_id"]
+                and self._shard_served(row["dispatch_stream"])
+                and await self._message_alive(row["dispatch_stream"], row["dispatch_id"])
             ):
                 healthy.append(row)
                 continue
@@ -101,6 +111,11 @@ class Sweeper:
             await self._pool.execute(_MARK_SWEPT, [r["run_id"] for r in healthy], [r["id"] for r in healthy])
         REDISPATCHED.inc(redispatched)
         return redispatched
+
+    def _shard_served(self, stream: str) -> bool:
+        """False for a stream of a shard beyond STREAM_SHARDS (the count was lowered): workers no longer read it."""
+        shard = stream.rpartition(":")[2]
+        return shard.isdigit() and int(shard) < self._shards
 
     async def _message_alive(self, stream: str, entry_id: str) -> bool:
         """True while the entry exists and is not acknowledged (pending, or not yet delivered)."""

@@ -183,3 +183,19 @@ async def test_a_run_continues_after_the_coordinator_is_sigkilled_and_restarted(
         async with worker_running(handle, _ok):
             runs = [await handle.wait_for_run(run_id, timeout_s=30) for run_id in run_ids]
     assert {pb.RunState.Name(r.state) for r in runs} == {"RUN_STATE_COMPLETED"}
+
+
+async def test_dispatches_left_in_a_shard_beyond_a_lowered_shard_count_are_moved(
+    database_url: str, redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    async with running_coordinator(database_url, redis_url, stream_shards=8) as (_, handle):
+        await handle.register(TWO_STEPS)
+        run_ids = [await handle.start_run("two-steps", {"i": i}) for i in range(8)]
+        await eventually(lambda: _stream_entries(redis_client, "http"), what="published")
+    # The operator restarts with fewer shards: workers only read shards 0 and 1 now.
+    async with (
+        running_coordinator(database_url, redis_url, stream_shards=2) as (_, handle),
+        worker_running(handle, _ok),
+    ):
+        runs = [await handle.wait_for_run(run_id, timeout_s=20) for run_id in run_ids]
+    assert {pb.RunState.Name(r.state) for r in runs} == {"RUN_STATE_COMPLETED"}
