@@ -1,0 +1,109 @@
+"""`python -m supervisor --dev` on a fresh data directory (skipped until the worker and language servers exist).
+
+It starts embedded PostgreSQL and Redis, the coordinator and a worker node,
+registers examples/, runs the example workflow to COMPLETED (an HTTP step that
+fails once with 503 and succeeds on retry, Python and JS steps, a SWITCH,
+fan-out and fan-in), prints progress and result, and stops everything on
+SIGINT. A second start on the same directory finds the data again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.worker_node import bind_free_port
+from tests.supervisor_harness import SupervisorProcess, no_survivors
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(
+        any(
+            importlib.util.find_spec(f"{pkg}.__main__") is None
+            for pkg in ("worker", "langserver_python", "langserver_js")
+        ),
+        reason="needs the worker and both language servers",
+    ),
+]
+
+_NOT_INHERITED = ("DATABASE_URL", "REDIS_ADDR", "COORDINATOR_ADDR", "COORDINATOR_TOKEN", "LANG_WORKER_ADDRS")
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A fresh directory the unprivileged PostgreSQL user can reach (not under pytest's 0700 tmp)."""
+    path = Path(tempfile.mkdtemp(prefix="wf-dev-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _servers_using(data_dir: Path) -> list[str]:
+    """Processes (PostgreSQL, Redis) still running on the data directory."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(data_dir) in cmdline:
+            found.append(f"{proc.info['pid']} {cmdline[:120]}")
+    return found
+
+
+def _dev(tmp: Path, data_dir: Path, *args: str) -> SupervisorProcess:
+    process = SupervisorProcess(
+        tmp,
+        ["--dev", "--data-dir", str(data_dir), *args],
+        {
+            "COORDINATOR_LISTEN_ADDR": f"127.0.0.1:{bind_free_port('127.0.0.1')}",
+            "SUPERVISOR_READY_TIMEOUT_SECONDS": "90",
+        },
+    )
+    for name in _NOT_INHERITED:
+        process.env.pop(name, None)
+    return process
+
+
+def test_dev_runs_the_example_to_completed_and_stops_cleanly_on_sigint(tmp_path: Path, data_dir: Path) -> None:
+    (tmp_path / "first").mkdir()
+    node = _dev(tmp_path / "first", data_dir).start()
+    try:
+        node.wait_for(lambda: " COMPLETED in " in node.stdout() or " FAILED" in node.stdout(), 180, "the example run")
+        out = node.stdout()
+        assert " COMPLETED in " in out, out
+        assert "registered order_pipeline version 1" in out
+        # Progress of every node, the SWITCH choosing "express", and the retried HTTP step.
+        for step in ("fetch_order", "price", "labels", "route", "express", "standard", "summary", "ship"):
+            assert f"  {step} " in out, f"no progress line for {step}:\n{out}"
+        assert "ship                 QUEUED     attempt 2/3  (retry after:" in out and "503" in out
+        result = json.loads(out[out.index("output:\n") + len("output:\n") : out.index("\n}\n") + 2])
+        assert result["ship"]["status"] == "booked" and result["ship"]["calls"] == 2
+        assert result["ship"]["order_id"] == 1042
+
+        node.note_descendants()
+        node.signal(signal.SIGINT)
+        assert node.wait_exit(60) == 0
+        assert "dev stack stopped" in node.stdout()
+        assert no_survivors(node) == []
+        assert _servers_using(data_dir) == [], "embedded PostgreSQL and Redis stopped too"
+    finally:
+        node.close()
+
+    # The data directory is reused: the workflow registered by the first start is still there.
+    (tmp_path / "second").mkdir()
+    again = _dev(tmp_path / "second", data_dir, "--no-example").start()
+    try:
+        again.wait_for(lambda: "press Ctrl-C" in again.stdout(), 120, "the second start")
+        assert "order_pipeline version 1 is unchanged" in again.stdout()
+        again.note_descendants()
+        again.signal(signal.SIGINT)
+        assert again.wait_exit(60) == 0
+        assert no_survivors(again) == []
+    finally:
+        again.close()
