@@ -169,7 +169,7 @@ class Operator:
                         key = (task.state, task.attempt)
                         if seen.get(task.node_id) != key:
                             seen[task.node_id] = key
-                            if not quiet:
+                            if not quiet and task.state != pb.TASK_STATE_PENDING:
                                 _say("  " + render.event_line(task))
                     if event.HasField("run") and event.run.state in _TERMINAL:
                         run: pb.Run = event.run

@@ -67,8 +67,10 @@ def event_line(task: pb.TaskInstance) -> str:
     line = f"{_when(task.updated_at, time_only=True)}  {task.node_id:<20} {state:<10} {attempt}".rstrip()
     if task.error and state == "FAILED":
         line += f"  error: {_compact(task.error, 200)}"
-    elif task.error and state in ("QUEUED", "PENDING", "RUNNING") and task.attempt > 1:
+    elif task.error and state == "QUEUED" and task.attempt > 1:
         line += f"  (retry after: {_compact(task.error, 200)})"
+    elif state == "RUNNING" and task.lease_owner:
+        line += f"  on {task.lease_owner}"
     return line
 
 

@@ -169,6 +169,9 @@ def _examples(config: SupervisorConfig, dev: DevConfig, coordinator_addr: str, b
             code = await node.run_job(cli("example-run", "run", EXAMPLE_WORKFLOW, "--input", run_input, "--wait"))
             if code != 0:
                 say(f"the example run did not complete (exit code {code}); the stack keeps running")
-        say("the stack keeps running; press Ctrl-C to stop it. Try: python -m coordinator --help")
+        say(
+            "the stack keeps running; press Ctrl-C to stop it. Inspect runs with: "
+            f"COORDINATOR_ADDR={coordinator_addr} python -m coordinator show <run id>"
+        )
 
     return run

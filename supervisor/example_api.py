@@ -57,11 +57,13 @@ async def _ship(request: web.Request) -> web.Response:
         summary = await request.json()
     except json.JSONDecodeError:
         return web.json_response({"error": "body must be JSON"}, status=400)
+    if not isinstance(summary, dict):
+        return web.json_response({"error": "body must be a JSON object"}, status=400)
     shipment = {
         "shipment_id": f"shp-{key[:8]}",
-        "order_id": summary.get("order_id") if isinstance(summary, dict) else None,
         "status": "booked",
         "calls": attempts[key],
+        "order": summary,
     }
     shipments[key] = shipment
     return web.json_response(shipment, status=201)

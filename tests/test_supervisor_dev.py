@@ -79,12 +79,20 @@ def test_dev_runs_the_example_to_completed_and_stops_cleanly_on_sigint(tmp_path:
         assert " COMPLETED in " in out, out
         assert "registered order_pipeline version 1" in out
         # Progress of every node, the SWITCH choosing "express", and the retried HTTP step.
-        for step in ("fetch_order", "price", "labels", "route", "express", "standard", "summary", "ship"):
+        for step in ("fetch_order", "price", "labels", "route", "express", "summary", "ship"):
             assert f"  {step} " in out, f"no progress line for {step}:\n{out}"
         assert "ship                 QUEUED     attempt 2/3  (retry after:" in out and "503" in out
         result = json.loads(out[out.index("output:\n") + len("output:\n") : out.index("\n}\n") + 2])
+        assert "  standard             SKIPPED" in out, "the SWITCH chose express (total 151.2 > 100)"
         assert result["ship"]["status"] == "booked" and result["ship"]["calls"] == 2
-        assert result["ship"]["order_id"] == 1042
+        # Python priced the order, JS formatted the lines, and the fan-in summed up both.
+        assert result["ship"]["order"] == {
+            "order_id": 1042,
+            "customer": "ADA LOVELACE",
+            "lines": ["12 x difference-engine-gear", "3 x punched-card-pack"],
+            "total": 151.2,
+            "shipping": "express",
+        }
 
         node.note_descendants()
         node.signal(signal.SIGINT)
