@@ -15,7 +15,7 @@
 | `SUPERVISOR_READY_TIMEOUT_SECONDS` | `60` | a language server must report SERVING within this, or it counts as a crash |
 | `WORKER_SHUTDOWN_GRACE_SECONDS` | `30` | the worker's drain time (read by the worker too); the supervisor waits this plus `SUPERVISOR_STOP_MARGIN_SECONDS` before SIGKILL |
 | `SUPERVISOR_STOP_MARGIN_SECONDS` | `5` | extra time a stopping child gets before SIGKILL |
-| `SUPERVISOR_LANGSERVER_STOP_SECONDS` | `10` | how long a language server may take to drain after SIGTERM |
+| `SUPERVISOR_LANGSERVER_STOP_SECONDS` | `35` | how long a language server may take to drain after SIGTERM (keep it above its own drain time, e.g. `PY_SHUTDOWN_GRACE_SECONDS`) |
 | `SUPERVISOR_METRICS_PORT` | `0` (off) | Prometheus metrics of the children (RSS, CPU, restarts) on `SUPERVISOR_METRICS_HOST:PORT` |
 | `SUPERVISOR_METRICS_HOST` | `127.0.0.1` | bind address of the metrics endpoint |
 | `SUPERVISOR_WORKER_CMD`, `SUPERVISOR_LANGSERVER_PYTHON_CMD`, `SUPERVISOR_LANGSERVER_JS_CMD` | `python -m worker`, ... | the command of each child (shell-style words); for custom builds and tests |
@@ -48,7 +48,7 @@ DEFAULT_CRASH_LOOP_WINDOW_S = 60.0
 DEFAULT_READY_TIMEOUT_S = 60.0
 DEFAULT_WORKER_GRACE_S = 30.0
 DEFAULT_STOP_MARGIN_S = 5.0
-DEFAULT_LANGSERVER_STOP_S = 10.0
+DEFAULT_LANGSERVER_STOP_S = 35.0
 DEFAULT_PYTHON_PORT = 50053
 DEFAULT_JS_PORT = 50052
 DEFAULT_COORDINATOR_LISTEN_ADDR = "127.0.0.1:50051"

@@ -107,6 +107,8 @@ def test_compose_wires_the_roles_and_isolates_the_language_servers(compose: dict
         assert services[name]["networks"] == ["sandbox"], f"{name}: reachable only on the internal network"
         assert "ports" not in services[name]
     assert set(services["worker"]["networks"]) == {"backend", "sandbox"}
+    for name in ("worker", "langserver-python", "langserver-js"):
+        assert services[name]["stop_grace_period"] in ("40s", "45s"), f"{name}: time to drain on docker stop"
     published = [p for s in services.values() for p in s.get("ports", [])]
     assert published == ["127.0.0.1:50051:50051"], "only the coordinator, only on loopback"
 
@@ -181,6 +183,9 @@ def test_k8s_language_servers_autoscale(role: str) -> None:
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": role}
     assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
     assert any(m["resource"]["name"] == "cpu" for m in hpa["spec"]["metrics"])
+    pod = _by_kind("Deployment")[role]["spec"]["template"]["spec"]
+    # The supervisor gives a draining language server 35 s (SUPERVISOR_LANGSERVER_STOP_SECONDS) before SIGKILL.
+    assert pod["terminationGracePeriodSeconds"] > 35
     service = _by_kind("Service")[role]
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == role
 
