@@ -8,6 +8,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 __all__ = ["HealthProbe", "probe_target"]
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
+#: A child that is starting refuses connections at first; gRPC's default reconnect
+#: backoff (1 s, growing to 2 min) would delay noticing that it now serves.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 
 
 def probe_target(addr: str) -> str:
@@ -27,7 +34,7 @@ class HealthProbe:
         self._channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> HealthProbe:
-        self._channel = grpc.aio.insecure_channel(self._target)
+        self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

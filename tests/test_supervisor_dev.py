@@ -21,18 +21,12 @@ import psutil
 import pytest
 
 from supervisor.worker_node import bind_free_port
-from tests.supervisor_harness import SupervisorProcess, no_survivors
+from tests.supervisor_harness import SupervisorProcess, no_survivors, standin
 
-pytestmark = [
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        any(
-            importlib.util.find_spec(f"{pkg}.__main__") is None
-            for pkg in ("worker", "langserver_python", "langserver_js")
-        ),
-        reason="needs the worker and both language servers",
-    ),
-]
+pytestmark = pytest.mark.timeout(240)
+_PARTS_MISSING = any(
+    importlib.util.find_spec(f"{pkg}.__main__") is None for pkg in ("worker", "langserver_python", "langserver_js")
+)
 
 _NOT_INHERITED = ("DATABASE_URL", "REDIS_ADDR", "COORDINATOR_ADDR", "COORDINATOR_TOKEN", "LANG_WORKER_ADDRS")
 
@@ -71,6 +65,8 @@ def _dev(tmp: Path, data_dir: Path, *args: str) -> SupervisorProcess:
 
 
 def test_dev_runs_the_example_to_completed_and_stops_cleanly_on_sigint(tmp_path: Path, data_dir: Path) -> None:
+    if _PARTS_MISSING:
+        pytest.skip("needs the worker and both language servers")
     (tmp_path / "first").mkdir()
     node = _dev(tmp_path / "first", data_dir).start()
     try:
@@ -115,3 +111,32 @@ def test_dev_runs_the_example_to_completed_and_stops_cleanly_on_sigint(tmp_path:
         assert no_survivors(again) == []
     finally:
         again.close()
+
+
+def test_dev_uses_the_real_services_when_they_are_configured(
+    tmp_path: Path, data_dir: Path, database_url: str, redis_url: str
+) -> None:
+    """DATABASE_URL and REDIS_ADDR set: no embedded server starts; the coordinator it runs uses them."""
+    node = _dev(tmp_path, data_dir, "--no-example")
+    node.env.update(
+        DATABASE_URL=database_url,
+        REDIS_ADDR=redis_url,
+        SUPERVISOR_LANGSERVER_PYTHON_CMD=standin("langserver-python", "--serve"),
+        SUPERVISOR_LANGSERVER_JS_CMD=standin("langserver-js", "--serve"),
+        SUPERVISOR_WORKER_CMD=standin("worker"),
+    )
+    node.start()
+    try:
+        node.wait_for(lambda: "press Ctrl-C" in node.stdout(), 60, "the stack")
+        out = node.stdout()
+        assert "embedded" not in out
+        assert "registered order_pipeline version 1" in out
+        assert list(data_dir.iterdir()) == [], "nothing was written to the data directory"
+        (_, _, _, worker_addrs) = node.events("worker", "started")[0]
+        assert worker_addrs.startswith("python:127.0.0.1:")
+        node.note_descendants()
+        node.signal(signal.SIGTERM)
+        assert node.wait_exit(60) == 0
+        assert no_survivors(node) == []
+    finally:
+        node.close()

@@ -243,3 +243,40 @@ def test_invalid_configuration_exits_3_naming_the_variable(tmp_path: Path) -> No
         errors = [line for line in node.logs() if line.get("level") == "error"]
         assert errors and errors[0].get("variable") == "SUPERVISOR_CRASH_LOOP_LIMIT"
         assert node.records() == []
+
+
+def test_a_language_server_that_stops_answering_health_checks_is_restarted(tmp_path: Path) -> None:
+    env = _children(SUPERVISOR_LANGSERVER_JS_CMD=standin("langserver-js", "--serve", "--unhealthy-after", "2"))
+    with supervisor(tmp_path, **env) as node:
+        node.wait_for(lambda: len(node.events("langserver-js", "started")) >= 2, what="restart of the unhealthy server")
+        assert node.events("langserver-js", "unhealthy")
+        assert node.has_log(lambda e: "failed a health check (3 in a row)" in str(e.get("event")))
+        assert node.has_log(lambda e: str(e.get("event")).startswith("stopping langserver-js (health check failed"))
+        assert len(node.events("langserver-python", "started")) == 1
+
+
+def test_metrics_report_each_childs_memory_and_restarts(tmp_path: Path) -> None:
+    import urllib.request
+
+    from supervisor.worker_node import bind_free_port
+
+    port = bind_free_port("127.0.0.1")
+    with supervisor(tmp_path, SUPERVISOR_METRICS_PORT=str(port), **_children()) as node:
+        node.wait_ready()
+        (_, _, pid, _) = node.events("langserver-python", "serving")[0]
+        os.kill(pid, signal.SIGKILL)
+        node.wait_for(lambda: len(node.events("langserver-python", "serving")) == 2, what="restart")
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                return str(response.read().decode())
+
+        def rss(text: str, process: str) -> float:
+            prefix = f'supervisor_child_rss_bytes{{process="{process}"}} '
+            return next((float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+        node.wait_for(lambda: rss(scrape(), "worker") > 0 and rss(scrape(), "langserver-js") > 0, what="samples")
+        text = scrape()
+        assert rss(text, "langserver-js") > 10 * 2**20  # a Python process with gRPC loaded
+        assert 'supervisor_child_restarts_total{process="langserver-python",reason="exited"} 1.0' in text
+        assert 'supervisor_child_running{process="worker"} 1.0' in text

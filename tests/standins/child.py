@@ -16,6 +16,7 @@ line and one plain line at start (log-merging tests), and:
   --grandchild        start a sleeping grandchild in the same process group
   --not-serving       serve health, but report NOT_SERVING
   --serve-after S     wait S seconds before serving
+  --unhealthy-after S report NOT_SERVING S seconds after serving (and stay up)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 
 def record(name: str, event: str, detail: str = "") -> None:
@@ -36,7 +38,7 @@ def record(name: str, event: str, detail: str = "") -> None:
             f.write(f"{name} {event} {os.getpid()} {detail}".rstrip() + "\n")
 
 
-async def serve_health(addr: str, serving: bool) -> object:
+async def serve_health(addr: str, serving: bool) -> tuple[Any, Any]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from grpc_health.v1._async import HealthServicer
@@ -49,7 +51,7 @@ async def serve_health(addr: str, serving: bool) -> object:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for service in ("", "langserver.v1.LanguageServer"):
         await health.set(service, status)
-    return server
+    return server, health
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -75,8 +77,12 @@ async def main(args: argparse.Namespace) -> int:
     if args.serve or args.not_serving:
         if args.serve_after:
             await asyncio.sleep(args.serve_after)
-        server = await serve_health(os.environ["LANGSERVER_ADDR"], serving=not args.not_serving)
+        server, health = await serve_health(os.environ["LANGSERVER_ADDR"], serving=not args.not_serving)
         record(name, "serving", os.environ["LANGSERVER_ADDR"])
+        if args.unhealthy_after:
+            await asyncio.sleep(args.unhealthy_after)
+            await health.enter_graceful_shutdown()  # every service reports NOT_SERVING from now on
+            record(name, "unhealthy")
     if args.exit_code is not None and args.exit_after is None:
         record(name, "exit", str(args.exit_code))
         return int(args.exit_code)
@@ -91,7 +97,7 @@ async def main(args: argparse.Namespace) -> int:
     if args.drain:
         await asyncio.sleep(args.drain)
     if server is not None:
-        await server.stop(None)  # type: ignore[attr-defined]
+        await server.stop(None)
     record(name, "exit", "0")
     del hog
     return 0
@@ -109,4 +115,5 @@ if __name__ == "__main__":
     parser.add_argument("--grow-mb", type=int, default=0)
     parser.add_argument("--grandchild", action="store_true")
     parser.add_argument("--serve-after", type=float, default=0.0)
+    parser.add_argument("--unhealthy-after", type=float, default=0.0)
     sys.exit(asyncio.run(main(parser.parse_args())))
