@@ -37,7 +37,7 @@ from coordinator.operator import ClientSettings, Operator, OperatorError
 from coordinator.server import Coordinator
 from telemetry import configure_logging
 
-__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main", "run_operator"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -160,29 +160,48 @@ def _serve_main(environ: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
-    """Runs one command and returns its exit code."""
+def _prepare(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[argparse.Namespace, ClientSettings, Any]:
+    """Parses an operator command and reads its files (before any event loop runs)."""
+    args = _parser().parse_args(argv)
+    if args.timeout <= 0:
+        raise _UsageError(f"{PROG}: --timeout must be positive")
+    settings = ClientSettings.from_env(environ, timeout_s=args.timeout)
+    payload: Any = None
+    if args.verb == "register":
+        payload = _read_files(args.files)
+    elif args.verb == "run":
+        payload = _run_input(args.input)
+    return args, settings, payload
+
+
+async def run_operator(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Runs one operator verb (not `serve`) in the running event loop; prints and returns like `main`."""
     verb = ""
     try:
-        args = _parser().parse_args(argv)
+        args, settings, payload = _prepare(argv, environ)
         verb = args.verb
-        if args.verb == "serve":
-            return _serve_main(environ)
-        if args.timeout <= 0:
-            raise _UsageError(f"{PROG}: --timeout must be positive")
-        settings = ClientSettings.from_env(environ, timeout_s=args.timeout)
-        payload: Any = None
-        if args.verb == "register":
-            payload = _read_files(args.files)
-        elif args.verb == "run":
-            payload = _run_input(args.input)
-        return asyncio.run(_operate(args, Operator(settings), payload))
+        if verb == "serve":
+            raise _UsageError(f"{PROG}: serve is not an operator verb")
+        return await _operate(args, Operator(settings), payload)
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     except OperatorError as exc:
         print(f"{PROG} {verb}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
+    """Runs one command and returns its exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except _UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    if args.verb == "serve":
+        return _serve_main(environ)
+    try:
+        return asyncio.run(run_operator(argv, environ))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

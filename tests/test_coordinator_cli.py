@@ -1,8 +1,9 @@
 """The operator's verbs of `python -m coordinator`, against a live coordinator (real PostgreSQL and Redis).
 
-Most tests call `coordinator.cli.main` in a thread (it runs its own event loop)
-while the coordinator serves in the test's loop; two run the real entry point
-as a subprocess.
+The coordinator runs as `python -m coordinator serve` in a subprocess, as an
+operator meets it (and so its shutdown is not part of each test). Most tests
+await `coordinator.cli.run_operator` (what `main` runs) in the test's event
+loop; one runs the real entry point as a subprocess for exit codes and stderr.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from coordinator.cli import main
+from coordinator.cli import run_operator
 from protos import workflow_pb2 as pb
 from protos.taskstream import TaskMessage
-from tests.coordinator_harness import REPO_ROOT, CoordinatorHandle, running_coordinator
+from tests.coordinator_harness import REPO_ROOT, CoordinatorHandle, CoordinatorProcess
 from tests.helpers import eventually
 from tests.stream_worker import Handler, ScriptedWorker, echo
 
@@ -45,13 +46,26 @@ PIPELINE = {
 
 async def cli(capsys: pytest.CaptureFixture[str], *argv: str, **env: str) -> tuple[int, str, str]:
     """Runs one CLI command; returns (exit code, stdout, stderr)."""
-    code = await asyncio.to_thread(main, list(argv), env)
+    code = await run_operator(list(argv), env)
     out, err = capsys.readouterr()
     return code, out, err
 
 
 def env_for(handle: CoordinatorHandle, **extra: str) -> dict[str, str]:
     return {"COORDINATOR_ADDR": handle.addr, **extra}
+
+
+@pytest.fixture
+async def coordinator(
+    coordinator_process: Callable[..., Awaitable[CoordinatorProcess]], database_url: str, redis_url: str
+) -> AsyncIterator[CoordinatorHandle]:
+    """A `python -m coordinator serve` process, with a client handle (this module's `coordinator`)."""
+    process = await coordinator_process()
+    channel = grpc.aio.insecure_channel(process.addr)
+    try:
+        yield CoordinatorHandle(addr=process.addr, database_url=database_url, redis_url=redis_url, channel=channel)
+    finally:
+        await channel.close()
 
 
 @asynccontextmanager
@@ -270,32 +284,41 @@ async def test_errors_are_one_line_and_a_non_zero_exit(
 
 
 async def test_token_is_sent_as_bearer(
-    database_url: str, redis_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    coordinator_process: Callable[..., Awaitable[CoordinatorProcess]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     path = write(tmp_path, PIPELINE)
-    async with running_coordinator(database_url, redis_url, token="s3cret") as (_, handle):
-        code, _, err = await cli(capsys, "register", path, COORDINATOR_ADDR=handle.addr)
-        assert code == 1 and "refused the call" in err and "COORDINATOR_TOKEN" in err
-        code, out, _ = await cli(capsys, "register", path, COORDINATOR_ADDR=handle.addr, COORDINATOR_TOKEN="s3cret")
-        assert code == 0 and "registered cli_pipeline" in out
+    process = await coordinator_process(COORDINATOR_TOKEN="s3cret")
+    code, _, err = await cli(capsys, "register", path, COORDINATOR_ADDR=process.addr)
+    assert code == 1 and "refused the call" in err and "COORDINATOR_TOKEN" in err
+    code, out, _ = await cli(capsys, "register", path, COORDINATOR_ADDR=process.addr, COORDINATOR_TOKEN="s3cret")
+    assert code == 0 and "registered cli_pipeline" in out
 
 
 async def test_entry_point_as_a_real_process(coordinator: CoordinatorHandle, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COORDINATOR_ADDR": coordinator.addr}
+    env.pop("COORDINATOR_TOKEN", None)
     path = write(tmp_path, PIPELINE)
 
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "coordinator", *argv],
+    async def run(*argv: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "coordinator",
+            *argv,
             env=env,
             cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
 
-    registered = await asyncio.to_thread(run, "register", path)
-    assert registered.returncode == 0 and "registered cli_pipeline version 1" in registered.stdout
-    missing = await asyncio.to_thread(run, "show", "01900000-0000-7000-8000-000000000000")
-    assert missing.returncode == 1 and missing.stdout == "" and len(missing.stderr.splitlines()) == 1
+    code, out, _ = await run("register", path)
+    assert code == 0 and "registered cli_pipeline version 1" in out
+    code, out, err = await run("show", "01900000-0000-7000-8000-000000000000")
+    assert (code, out) == (1, "") and len(err.splitlines()) == 1 and "not found" in err
+    code, _, err = await run("run")
+    assert code == 2 and len(err.splitlines()) == 1
