@@ -19,6 +19,7 @@ import sys
 
 _PR_SET_PDEATHSIG = 1
 _EXIT_PARENT_GONE = 125
+_EXIT_CANNOT_EXEC = 127
 
 
 def main(argv: list[str]) -> None:
@@ -32,7 +33,12 @@ def main(argv: list[str]) -> None:
             sys.stderr.write(f"exec shim: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}\n")
     if os.getppid() != parent:
         os._exit(_EXIT_PARENT_GONE)
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        sys.stderr.write(f"cannot run {command[0]!r}: {exc.strerror}\n")
+        sys.stderr.flush()
+        os._exit(_EXIT_CANNOT_EXEC)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,16 @@ class ChildSupervisor:
         """Runs the child (again and again, unless it is a one-shot job) until `stop()` or a fatal error."""
         name = self.spec.name
         while not self._stop.is_set():
-            proc = ChildProcess.spawn(self.spec, self._reaper)
+            try:
+                proc = ChildProcess.spawn(self.spec, self._reaper)
+            except OSError as exc:  # e.g. EAGAIN at the PID limit: counts as a failed start
+                log.error("cannot start %s: %s", name, exc, extra={"child": name})
+                delay = self._policy.record_exit(now=time.monotonic(), uptime_s=0.0)
+                if delay is None:
+                    self._on_fatal(CrashLoop(f"{name} could not be started ({exc}); stopping the node"))
+                    return
+                await self._pause(delay)
+                continue
             self.current = proc
             self.starts += 1
             CHILD_RUNNING.labels(name).set(1)
@@ -141,9 +150,13 @@ class ChildSupervisor:
             if delay is None:
                 return
             CHILD_STARTS.labels(name, end.value).inc()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._stop.wait()
+            await self._pause(delay)
+
+    async def _pause(self, delay_s: float) -> None:
+        """Waits out a restart delay, cut short by `stop()`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._stop.wait()
 
     def _restart_delay(self, proc: ChildProcess, end: _End, returncode: int) -> float | None:
         """Decides what follows an unplanned end; None after reporting a fatal error."""

@@ -280,3 +280,12 @@ def test_metrics_report_each_childs_memory_and_restarts(tmp_path: Path) -> None:
         assert rss(text, "langserver-js") > 10 * 2**20  # a Python process with gRPC loaded
         assert 'supervisor_child_restarts_total{process="langserver-python",reason="exited"} 1.0' in text
         assert 'supervisor_child_running{process="worker"} 1.0' in text
+
+
+def test_a_command_that_cannot_run_is_reported_and_ends_in_a_crash_loop(tmp_path: Path) -> None:
+    env = _children(SUPERVISOR_WORKER_CMD="/nonexistent/worker-binary", SUPERVISOR_CRASH_LOOP_LIMIT="1")
+    with supervisor(tmp_path, **env) as node:
+        assert node.wait_exit(30) == EXIT_CRASH_LOOP
+        lines = [e for e in node.logs() if e.get("process") == "worker"]
+        assert any("cannot run '/nonexistent/worker-binary'" in str(e.get("event")) for e in lines)
+        assert node.has_log(lambda e: "exited with code 127" in str(e.get("event")))
