@@ -322,3 +322,34 @@ async def test_entry_point_as_a_real_process(coordinator: CoordinatorHandle, tmp
     assert (code, out) == (1, "") and len(err.splitlines()) == 1 and "not found" in err
     code, _, err = await run("run")
     assert code == 2 and len(err.splitlines()) == 1
+
+
+async def test_run_wait_keeps_watching_across_a_coordinator_restart(
+    coordinator_process: Callable[..., Awaitable[CoordinatorProcess]],
+    database_url: str,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    process = await coordinator_process()
+    channel = grpc.aio.insecure_channel(process.addr)
+    handle = CoordinatorHandle(addr=process.addr, database_url=database_url, redis_url=redis_url, channel=channel)
+    printed: list[str] = []
+
+    async def shows_progress() -> bool:
+        printed.append(capsys.readouterr().out)
+        return "fetch" in "".join(printed)
+
+    try:
+        await handle.register(PIPELINE)
+        waiting = asyncio.create_task(run_operator(["run", "cli_pipeline", "--wait"], env_for(handle)))
+        await eventually(shows_progress, what="the first progress line")
+
+        process.kill()  # SIGKILL mid-watch, then the same address again
+        process.spawn()
+        await process.wait_serving()
+        async with worker(handle):
+            code = await asyncio.wait_for(waiting, 30)
+        printed.append(capsys.readouterr().out)
+        assert code == 0 and " COMPLETED in " in "".join(printed)
+    finally:
+        await channel.close()
