@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -45,6 +46,8 @@ EXAMPLE_WORKFLOW = "order_pipeline"
 EXAMPLE_INPUT = {"order_id": 1042}
 _COORDINATOR_STOP_S = 15.0
 _CLI_STOP_S = 5.0
+#: The worker's default metrics port (worker/config.py).
+_WORKER_METRICS_PORT = 9464
 
 
 def say(text: str) -> None:
@@ -122,9 +125,11 @@ def _stages(
     if coordinator_addr is None:
         assert database_url is not None
         listen = dev.coordinator_listen_addr
-        if listen.endswith(":0"):
-            host = listen.rpartition(":")[0]
+        host, _, port = listen.rpartition(":")
+        if port == "0":
             listen = f"{host}:{bind_free_port(host)}"
+        elif not _port_free(host, int(port)):
+            raise StartFailed(f"{listen} is already in use (another coordinator?); set COORDINATOR_LISTEN_ADDR")
         coordinator = ChildSpec(
             name="coordinator",
             argv=(sys.executable, "-m", "coordinator", "serve"),
@@ -139,8 +144,21 @@ def _stages(
         )
         stages.append(Stage("coordinator", [coordinator]))
         coordinator_addr = _dial(listen)
-    stages += node_stages(config, extra_env={"COORDINATOR_ADDR": coordinator_addr, "REDIS_ADDR": redis_addr})
+    extra = {"COORDINATOR_ADDR": coordinator_addr, "REDIS_ADDR": redis_addr}
+    if not config.environ.get("WORKER_METRICS_PORT") and not _port_free("127.0.0.1", _WORKER_METRICS_PORT):
+        extra["WORKER_METRICS_PORT"] = "0"  # the worker logs the port it picked
+        say(f"port {_WORKER_METRICS_PORT} is taken: the worker's /metrics goes on a free port (see its log)")
+    stages += node_stages(config, extra_env=extra)
     return stages, coordinator_addr
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def _examples(config: SupervisorConfig, dev: DevConfig, coordinator_addr: str, base_url: str) -> AfterReady:

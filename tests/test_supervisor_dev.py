@@ -140,3 +140,22 @@ def test_dev_uses_the_real_services_when_they_are_configured(
         assert no_survivors(node) == []
     finally:
         node.close()
+
+
+def test_dev_refuses_a_coordinator_port_in_use_with_a_clear_message(
+    tmp_path: Path, data_dir: Path, database_url: str, redis_url: str
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        node = _dev(tmp_path, data_dir, "--no-example")
+        node.env.update(DATABASE_URL=database_url, REDIS_ADDR=redis_url, COORDINATOR_LISTEN_ADDR=addr)
+        node.start()
+        try:
+            assert node.wait_exit(60) == 1
+            assert f"{addr} is already in use" in node.stdout() and "COORDINATOR_LISTEN_ADDR" in node.stdout()
+        finally:
+            node.close()
