@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -51,8 +52,17 @@ _WORKER_METRICS_PORT = 9464
 
 
 def say(text: str) -> None:
-    """A line for the human at the terminal (stdout); logs go to stderr."""
-    print(text, flush=True)
+    """A line for the human at the terminal (stdout); logs go to stderr.
+
+    If whoever read our stdout went away (a closed pipe), the stack keeps
+    running and stopping normally: further output goes to /dev/null.
+    """
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 class _Embedded:
