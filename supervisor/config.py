@@ -6,7 +6,7 @@
 | `LANG_WORKER_ADDRS` | unset | `python:host:port,js:host:port`: external language servers; when set, none are spawned |
 | `LANGSERVER_PYTHON_ADDR` | `127.0.0.1:0` (role `langserver-python`: `127.0.0.1:50053`) | where the spawned Python language server listens; port 0 picks a free loopback port |
 | `LANGSERVER_JS_ADDR` | `127.0.0.1:0` (role `langserver-js`: `127.0.0.1:50052`) | same for the JavaScript language server |
-| `SUPERVISOR_LANGSERVER_MEMORY_LIMIT_MB` | `1024` | a language server whose process tree uses more RSS than this is restarted; 0 turns it off |
+| `SUPERVISOR_LANGSERVER_MEMORY_LIMIT_MB` | `2048` | a language server whose process tree (server + sandboxes) uses more RSS than this is restarted gracefully; 0 turns it off |
 | `SUPERVISOR_WATCH_INTERVAL_SECONDS` | `5` | how often children's memory, CPU and health are sampled |
 | `SUPERVISOR_RESTART_BACKOFF_SECONDS` | `0.5` | delay before the first restart of a child; doubles per consecutive crash |
 | `SUPERVISOR_RESTART_BACKOFF_MAX_SECONDS` | `30` | cap of that delay |
@@ -39,7 +39,7 @@ from supervisor.errors import ConfigError
 
 __all__ = ["DevConfig", "Role", "SupervisorConfig", "parse_host_port"]
 
-DEFAULT_MEMORY_LIMIT_MB = 1024
+DEFAULT_MEMORY_LIMIT_MB = 2048
 DEFAULT_WATCH_INTERVAL_S = 5.0
 DEFAULT_BACKOFF_S = 0.5
 DEFAULT_BACKOFF_MAX_S = 30.0

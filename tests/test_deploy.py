@@ -199,3 +199,20 @@ def test_k8s_namespace_enforces_restricted_and_language_servers_have_no_egress()
     assert sources == [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}}}]
     secrets = _by_kind("Secret")
     assert all("CHANGE-ME" in str(s["stringData"]) for s in secrets.values()), "only an example secret is shipped"
+
+
+def test_language_server_memory_ceiling_sits_below_the_container_limit(compose: dict[str, Any]) -> None:
+    """The supervisor restarts a language server gracefully before the kernel OOM-kills the container."""
+    units = {"g": 1024, "Gi": 1024, "m": 1, "Mi": 1}
+
+    def mib(value: str) -> int:
+        number = value.rstrip("GgMmi")
+        return int(number) * units[value[len(number) :]]
+
+    for role in ("langserver-python", "langserver-js"):
+        service = compose["services"][role]
+        ceiling = int(service["environment"]["SUPERVISOR_LANGSERVER_MEMORY_LIMIT_MB"])
+        assert 0 < ceiling < mib(service["mem_limit"]), role
+        container = _by_kind("Deployment")[role]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert 0 < int(env["SUPERVISOR_LANGSERVER_MEMORY_LIMIT_MB"]) < mib(container["resources"]["limits"]["memory"])

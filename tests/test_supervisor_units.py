@@ -24,7 +24,7 @@ def test_defaults_run_everything_on_free_loopback_ports() -> None:
     python, js = stages[0].children
     assert python.health_addr and python.health_addr.startswith("127.0.0.1:") and not python.health_addr.endswith(":0")
     assert python.env["LANGSERVER_ADDR"] == python.health_addr
-    assert python.memory_limit_bytes == 1024 << 20
+    assert python.memory_limit_bytes == 2048 << 20
     worker = stages[1].children[0]
     assert worker.env["LANG_WORKER_ADDRS"] == f"python:{python.health_addr},js:{js.health_addr}"
     assert worker.memory_limit_bytes == 0
