@@ -9,6 +9,12 @@ tests), and `start()` after either brings the same data back.
 PostgreSQL refuses to run as root, so when started by root the server runs as
 the unprivileged `nobody` user, which must be able to reach the data directory
 (so keep it outside `/root`, see `default_data_dir`).
+
+Both servers die with the process that started them (Linux
+`PR_SET_PDEATHSIG`: PostgreSQL gets SIGINT, its fast shutdown; Redis SIGTERM),
+so a killed test run or `--dev` never leaves a server behind. The signal is
+tied to the starting *thread*: start them from a thread that lives as long as
+they should (the main thread).
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["EmbeddedPostgres", "EmbeddedRedis", "EmbeddedServerError", "default_data_dir", "free_port"]
@@ -77,6 +85,28 @@ def _stop_process(proc: subprocess.Popen[bytes] | None, sig: signal.Signals, tim
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _die_with_parent(sig: signal.Signals) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child receive `sig` when this process dies (Linux only).
+
+    It runs in the forked child after the uid switch (so it survives it) and
+    only calls a C function resolved beforehand: nothing is imported or
+    allocated by Python between fork and exec beyond the call itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the flag was set
+            os._exit(1)
+
+    return preexec
 
 
 def _postgres_bin_dir() -> Path:
@@ -180,6 +210,7 @@ class EmbeddedPostgres:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(signal.SIGINT),
                 **self._run_as_owner(),  # type: ignore[call-overload]
             )
         _wait_for_port(self.port, self._proc, log, "embedded PostgreSQL")
@@ -267,7 +298,13 @@ class EmbeddedRedis:
             "--logfile",
             str(log),
         ]
-        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(signal.SIGTERM),
+        )
         _wait_for_port(self.port, self._proc, log, "embedded Redis")
         return self.url
 
