@@ -27,7 +27,7 @@ app.conf.update(
 _done = redis.Redis.from_url(REDIS_URL)
 
 
-@app.task(name="bench.noop_http")  # type: ignore[untyped-decorator]
+@app.task(name="bench.noop_http")
 def noop_http(url: str, key: str) -> None:
     with urllib.request.urlopen(url, timeout=30) as response:
         response.read()

@@ -44,6 +44,7 @@ __all__ = ["Coordinator"]
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 5.0
+_POOL_CLOSE_S = 5.0
 #: How long a starting coordinator waits for PostgreSQL and Redis.
 STARTUP_TIMEOUT_S = 30.0
 T = TypeVar("T")
@@ -104,7 +105,14 @@ class Coordinator:
             await self._serve(pool, redis)
         finally:
             await redis.aclose()
-            await pool.close()
+            try:
+                async with asyncio.timeout(_POOL_CLOSE_S):
+                    await pool.close()
+            except TimeoutError:
+                # close() waits for every connection to come back; one held by
+                # a stuck handler must not keep the process from exiting.
+                log.warning("PostgreSQL pool did not close within %.0fs; terminating it", _POOL_CLOSE_S)
+                pool.terminate()
 
     async def _serve(self, pool: asyncpg.Pool, redis: aioredis.Redis) -> None:
         config = self._config

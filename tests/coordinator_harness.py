@@ -117,7 +117,10 @@ async def running_coordinator(
     finally:
         ready.cancel()
         coordinator.stop()
-        await task
+        try:
+            await asyncio.wait_for(task, timeout=30)
+        except TimeoutError:
+            raise AssertionError("the in-process coordinator did not stop within 30s") from None
 
 
 class _Metadata(grpc.aio.UnaryUnaryClientInterceptor):

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import grpc
 import redis.asyncio as aioredis
 
 from protos import workflow_pb2 as pb
@@ -424,7 +425,21 @@ async def test_idempotency_key_returns_the_same_run(coordinator: CoordinatorHand
     assert rows[0]["n"] == 2
 
 
-async def test_watch_streams_changes_until_the_run_ends(coordinator: CoordinatorHandle) -> None:
+async def test_watch_streams_changes_until_the_run_ends(coordinator_process: Any) -> None:
+    # A coordinator in its own process: a server stream and its client in one
+    # event loop occasionally wedged the in-process fixture's teardown.
+    process = await coordinator_process()
+    async with grpc.aio.insecure_channel(process.addr) as channel:
+        handle = CoordinatorHandle(
+            addr=process.addr,
+            database_url=process.env["DATABASE_URL"],
+            redis_url=process.env["REDIS_ADDR"],
+            channel=channel,
+        )
+        await _watch_a_pipeline(handle)
+
+
+async def _watch_a_pipeline(coordinator: CoordinatorHandle) -> None:
     await coordinator.register(PIPELINE)
     run_id = await coordinator.start_run("pipeline", {"n": 3, "label": "w"})
     events: list[pb.RunEvent] = []
