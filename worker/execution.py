@@ -3,7 +3,8 @@
 Cancellation carries a cause. Whoever cancels records the reason first
 (`Execution.cancel(CancelReason.LEASE_LOST)`), then cancels the task; the
 processor afterwards branches on the recorded reason: lease lost -> discard the
-result; shutdown -> hand the lease back, neither report nor ack. (A timeout is
+result; lease expired unrenewed -> discard the result and leave the message for
+reclaim; shutdown -> hand the lease back, neither report nor ack. (A timeout is
 not a cancellation here: it is a failed result.)
 """
 
@@ -21,6 +22,9 @@ class CancelReason(enum.Enum):
     """Why an execution was cancelled before it returned."""
 
     LEASE_LOST = "task lease lost"
+    #: No renewal got through before the lease's TTL ran out: another worker
+    #: may take the task over, so this one must stop first (self-fencing).
+    LEASE_EXPIRED = "task lease expired without a renewal"
     SHUTDOWN = "worker shutting down"
 
 
@@ -45,7 +49,7 @@ class Execution:
         renewal said so: another worker owns the task now. A shutdown that
         came after the task returned keeps the result (it finished).
         """
-        if self.reason is CancelReason.LEASE_LOST:
+        if self.reason in (CancelReason.LEASE_LOST, CancelReason.LEASE_EXPIRED):
             return self.reason
         if self.task.cancelled():
             if self.reason is None:

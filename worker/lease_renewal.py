@@ -17,6 +17,16 @@ lease. Three answers are possible, and only one of them cancels the execution:
 The idle time is reset only after a successful renewal, so a worker cut off
 from the coordinator stops protecting its message exactly as its lease starts
 running out, and another worker can take the task over.
+
+Self-fencing (beyond the seed): a worker that got no renewal through stops
+the execution itself before its lease can expire, so that a worker taking the
+task over never runs it at the same time. The coordinator's lease expires TTL
+after its own `now()` at the last successful acquire or renewal, which is after
+the worker sent that request; so `sent + TTL` on the worker's monotonic clock is
+never later than the real expiry, and the execution is cancelled a margin
+(`FENCE_MARGIN_FRACTION` of the TTL, at least `MIN_FENCE_MARGIN_S`) before it.
+The result is discarded and the message left pending: whether the lease was
+really lost is unknown, so the task is left to whoever holds it next.
 """
 
 from __future__ import annotations
@@ -33,7 +43,11 @@ from worker.metrics import WorkerMetrics
 from worker.stream import StreamConsumer
 from worker.tasklog import TaskLogger
 
-__all__ = ["LeaseRenewer"]
+__all__ = ["FENCE_MARGIN_FRACTION", "MIN_FENCE_MARGIN_S", "LeaseRenewer"]
+
+#: How long before the lease's earliest possible expiry an unrenewed execution stops.
+FENCE_MARGIN_FRACTION = 0.1
+MIN_FENCE_MARGIN_S = 0.5
 
 
 class LeaseRenewer:
@@ -52,6 +66,7 @@ class LeaseRenewer:
         self._ttl_s = ttl_s
         self._interval_s = interval_s
         self._retry_s = interval_s / 4
+        self._fence_after_s = ttl_s - max(MIN_FENCE_MARGIN_S, ttl_s * FENCE_MARGIN_FRACTION)
         self._metrics = metrics
         self._progress = progress
 
@@ -61,19 +76,35 @@ class LeaseRenewer:
         *,
         consumer: StreamConsumer,
         entry_id: str,
+        leased_at: float,
         on_lost: Callable[[], None],
+        on_expired: Callable[[], None],
         log: TaskLogger,
     ) -> None:
-        """Renews until cancelled, or until the lease is lost (then calls `on_lost` and returns).
+        """Renews until cancelled, or until the lease is lost or about to expire unrenewed.
+
+        Args:
+            leased_at: `time.monotonic()` just before the acquire request was sent.
+            on_lost: called when the coordinator says the lease is lost.
+            on_expired: called when no renewal got through in time (self-fencing).
 
         Cancel-safe: the owner cancels it when the execution ends.
         """
         next_at = time.monotonic() + self._interval_s
         last_renewed = time.monotonic()
+        fence_at = leased_at + self._fence_after_s
         while True:
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            await asyncio.sleep(max(0.0, min(next_at, fence_at) - time.monotonic()))
+            sent = time.monotonic()
+            if sent >= fence_at:
+                self._fence(log, since_s=sent - last_renewed)
+                on_expired()
+                return
             try:
-                renewed = await self._coordinator.renew(message, self._ttl_s)
+                async with asyncio.timeout(fence_at - sent):
+                    renewed = await self._coordinator.renew(message, self._ttl_s)
+            except TimeoutError:
+                continue  # the fence time came while asking: stop at the top of the loop
             except (CoordinatorUnavailable, CoordinatorRejected) as exc:
                 self._metrics.renewal_errors.inc()
                 log.warning(
@@ -89,6 +120,7 @@ class LeaseRenewer:
                 on_lost()
                 return
             last_renewed = time.monotonic()
+            fence_at = sent + self._fence_after_s
             self._metrics.renewals.inc()
             self._progress.note()
             try:
@@ -97,3 +129,12 @@ class LeaseRenewer:
             except StreamUnavailable as exc:
                 log.warning("could not refresh the stream entry's idle time: %s", exc)
             next_at = time.monotonic() + self._interval_s
+
+    def _fence(self, log: TaskLogger, *, since_s: float) -> None:
+        self._metrics.leases_lost.inc()
+        log.error(
+            "no lease renewal got through for %.1f s (TTL %d s): stopping the execution before the lease can "
+            "expire, so a worker taking over never runs the task at the same time; message left pending",
+            since_s,
+            self._ttl_s,
+        )

@@ -117,6 +117,7 @@ class TaskProcessor:
             return
         log = task_logger(logger, message, self._config.worker_id)
         try:
+            leased_at = time.monotonic()
             acquired = await self._coordinator.acquire(message, self._config.lease_ttl_s)
         except CoordinatorUnavailable as exc:
             await self._acquire_unknown(message, log, exc)
@@ -137,7 +138,7 @@ class TaskProcessor:
             await self._ack(delivery, log)
             return
         await self._touch(delivery, log)
-        outcome = await self._execute_under_lease(message, delivery, log)
+        outcome = await self._execute_under_lease(message, delivery, log, leased_at=leased_at)
         if outcome is CancelReason.LEASE_LOST:
             self._metrics.leases_lost.inc()
             self._metrics.outcome(Outcome.LEASE_LOST)
@@ -147,6 +148,11 @@ class TaskProcessor:
                     log.info("stream entry now belongs to another worker; not acking it")
             except StreamUnavailable as exc:
                 log.warning("could not ack the stream entry: %s", exc)
+            return
+        if outcome is CancelReason.LEASE_EXPIRED:
+            # Unknown whether the lease is gone: neither report nor ack; the
+            # message is no longer touched, so it is reclaimed once idle.
+            self._metrics.outcome(Outcome.LEASE_LOST)
             return
         if outcome is CancelReason.SHUTDOWN:
             self._metrics.outcome(Outcome.INTERRUPTED)
@@ -190,7 +196,7 @@ class TaskProcessor:
             log.warning("could not refresh the stream entry's idle time: %s", exc)
 
     async def _execute_under_lease(
-        self, message: TaskMessage, delivery: Delivery, log: TaskLogger
+        self, message: TaskMessage, delivery: Delivery, log: TaskLogger, *, leased_at: float
     ) -> ExecutionResult | CancelReason:
         timeout_s = float(message.timeout_seconds or DEFAULT_TASK_TIMEOUT_S)
         started = time.monotonic()
@@ -223,7 +229,9 @@ class TaskProcessor:
                     message,
                     consumer=delivery.consumer,
                     entry_id=delivery.entry.entry_id,
+                    leased_at=leased_at,
                     on_lost=lambda: execution.cancel(CancelReason.LEASE_LOST),
+                    on_expired=lambda: execution.cancel(CancelReason.LEASE_EXPIRED),
                     log=log,
                 ),
                 name=f"renew-{message.task_id}",

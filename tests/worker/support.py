@@ -52,6 +52,8 @@ class Recorded:
     peer: tuple[str, int] | None = None
     #: Set when the client went away before the handler answered.
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    #: `time.monotonic()` when the client went away (None while connected).
+    disconnected_at: float | None = None
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
@@ -86,6 +88,7 @@ class Gate:
         try:
             await self._open.wait()
         except asyncio.CancelledError:
+            record.disconnected_at = time.monotonic()
             record.disconnected.set()
             raise
         finally:

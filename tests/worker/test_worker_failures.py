@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import asyncpg
 from aiohttp import web
 
 from protos import workflow_pb2 as pb
@@ -82,44 +83,122 @@ async def ignored_reports(coordinator: CoordinatorHandle, run_id: str) -> list[p
 async def test_lease_lost_mid_execution_discards_the_result(
     coordinator: CoordinatorHandle, http_server: RecordingServer
 ) -> None:
-    """A worker cut off from the coordinator loses its lease; the new owner's result is the one that counts."""
+    """The coordinator says the lease is gone (it was taken over): the execution stops, the new owner's result counts."""
     work = FirstHeld()
     http_server.on("/work", work)
     await coordinator.register(http_workflow("lost", http_server.url("/work"), retry={"max_attempts": 1}))
+    async with in_process_worker(worker_config(coordinator.addr, coordinator.redis_url, worker_id="worker-a")) as a:
+        run_id = await coordinator.start_run("lost", {"n": 1})
+        await asyncio.wait_for(work.first.arrived.wait(), 20)
+        task = (await coordinator.get_run(run_id)).tasks[0]
+        # Another worker takes the task over (as after a pause longer than the TTL).
+        conn = await asyncpg.connect(coordinator.database_url)
+        try:
+            await conn.execute(
+                "UPDATE task_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1::uuid", task.id
+            )
+        finally:
+            await conn.close()
+        lease = await coordinator.stub.AcquireTaskLease(
+            pb.AcquireTaskLeaseRequest(task_id=task.id, run_id=run_id, owner="worker-b", ttl_seconds=30, attempt=1)
+        )
+        assert lease.acquired
+        # A's next renewal hears "no": its execution is cancelled and its result discarded.
+        await asyncio.wait_for(work.requests[0].disconnected.wait(), 10)
+        metrics_a = a.worker.metrics
+        await eventually(lambda: flag(metrics_a.count(Outcome.LEASE_LOST) == 1), timeout_s=10, what="A lost the lease")
+        reply = await coordinator.stub.ReportTaskResult(
+            pb.ReportTaskResultRequest(
+                task_id=task.id,
+                run_id=run_id,
+                node_id=task.node_id,
+                attempt=1,
+                owner="worker-b",
+                status="completed",
+                output=b'{"who": "worker-b"}',
+            )
+        )
+        assert reply.applied
+    assert metrics_a.sample("worker_leases_lost_total") == 1
+    assert metrics_a.count(Outcome.COMPLETED) == metrics_a.count(Outcome.FAILED) == 0
+    assert await ignored_reports(coordinator, run_id) == []  # A never reported
+    run = await coordinator.get_run(run_id)
+    assert run.state == pb.RUN_STATE_COMPLETED
+    assert json.loads(run.tasks[0].output) == {"who": "worker-b"}
+
+
+async def test_a_worker_cut_off_from_the_coordinator_stops_before_its_lease_can_expire(
+    coordinator: CoordinatorHandle, http_server: RecordingServer
+) -> None:
+    """Self-fencing: the cut-off worker's execution ends before the worker taking over starts its own."""
+    work = FirstHeld()
+    http_server.on("/work", work)
+    await coordinator.register(http_workflow("fenced", http_server.url("/work"), retry={"max_attempts": 1}))
     host, port = coordinator.addr.rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
     await proxy.start()
     try:
         config_a = worker_config(proxy.addr, coordinator.redis_url, worker_id="worker-a", stall_after_s=2.0)
         async with in_process_worker(config_a) as a:
-            run_id = await coordinator.start_run("lost", {"n": 1})
+            run_id = await coordinator.start_run("fenced", {"n": 1})
             await asyncio.wait_for(work.first.arrived.wait(), 20)
             proxy.cut()  # A keeps Redis and the HTTP server, loses the coordinator
             config_b = worker_config(coordinator.addr, coordinator.redis_url, worker_id="worker-b")
             async with in_process_worker(config_b) as b:
-                # A holds a task it can neither renew nor report: the watchdog flags it.
-                async def stalled() -> bool:
-                    status, body = await get_json(a.worker.metrics_port, "/livez")
-                    return status == 503 and any("stalled" in p for p in body.get("problems", []))
-
-                await eventually(stalled, timeout_s=15, what="worker A flagged as stalled")
+                # A stops its execution on its own, within the TTL, without any answer from the coordinator.
+                await asyncio.wait_for(work.requests[0].disconnected.wait(), TEST_TTL_S)
                 # B reclaims A's idle message once the lease expired, and runs the task.
                 run = await coordinator.wait_for_run(run_id, timeout_s=20)
                 assert run.state == pb.RUN_STATE_COMPLETED
                 assert json.loads(run.tasks[0].output) == {"who": "request 2"}
                 assert run.tasks[0].lease_owner == "worker-b"
-                # A hears "lease lost" as soon as it reaches the coordinator again.
-                proxy.restore()
-                metrics_a = a.worker.metrics
-                await eventually(lambda: flag(metrics_a.count(Outcome.LEASE_LOST) == 1), timeout_s=20, what="A lost")
-                await asyncio.wait_for(work.requests[0].disconnected.wait(), 5)  # A's execution was cancelled
                 assert b.worker.metrics.sample("worker_messages_reclaimed_total") == 1
-                assert b.worker.metrics.count(Outcome.COMPLETED) == 1
+                metrics_a = a.worker.metrics
+            proxy.restore()
+        first, second = work.requests[0], work.requests[1]
+        assert first.disconnected_at is not None
+        assert first.disconnected_at < second.at, "A's execution ended before B's began: never two at once"
         assert metrics_a.sample("worker_leases_lost_total") == 1
         assert metrics_a.sample("worker_lease_renewal_errors_total") >= 1
         assert metrics_a.count(Outcome.COMPLETED) == metrics_a.count(Outcome.FAILED) == 0
         assert await ignored_reports(coordinator, run_id) == []  # A never reported
-        assert json.loads((await coordinator.get_run(run_id)).tasks[0].output) == {"who": "request 2"}
+    finally:
+        await proxy.stop()
+
+
+async def test_a_worker_that_cannot_report_is_flagged_stalled_and_reports_once_back(
+    coordinator: CoordinatorHandle, http_server: RecordingServer
+) -> None:
+    """The progress watchdog: a worker holding a finished task it cannot report fails liveness until it can."""
+    gate = Gate({"done": True})
+    http_server.on("/stuck", gate)
+    await coordinator.register(http_workflow("stuck", http_server.url("/stuck"), retry={"max_attempts": 1}))
+    host, port = coordinator.addr.rsplit(":", 1)
+    proxy = TcpProxy(host, int(port))
+    await proxy.start()
+    try:
+        config = worker_config(proxy.addr, coordinator.redis_url, worker_id="worker-s", stall_after_s=1.5)
+        async with in_process_worker(config) as worker:
+            run_id = await coordinator.start_run("stuck", {"n": 1})
+            await asyncio.wait_for(gate.arrived.wait(), 20)
+            proxy.cut()
+            gate.release()  # the execution finishes; its report cannot get through
+
+            async def stalled() -> bool:
+                status, body = await get_json(worker.worker.metrics_port, "/livez")
+                return status == 503 and any("stalled" in p for p in body.get("problems", []))
+
+            await eventually(stalled, timeout_s=10, what="the worker flagged as stalled")
+            proxy.restore()
+            run = await coordinator.wait_for_run(run_id, timeout_s=30)
+            assert run.state == pb.RUN_STATE_COMPLETED
+            assert json.loads(run.tasks[0].output) == {"done": True}
+
+            async def live() -> bool:
+                status, _ = await get_json(worker.worker.metrics_port, "/livez")
+                return status == 200
+
+            await eventually(live, timeout_s=10, what="live again once the report went through")
     finally:
         await proxy.stop()
 
