@@ -43,16 +43,6 @@ SELECT id, node_id, state, attempt, lease_owner, output,
        coalesce(lease_expires_at >= now(), false) AS lease_live
   FROM task_instances WHERE run_id = $1
 """
-# The report path's first statement: locks the run and reads its tasks in one
-# round trip. The run input is sent once, on the first row, not once per task.
-_LOCK_RUN_WITH_TASKS = """
-WITH run AS MATERIALIZED (SELECT workflow, version, input FROM runs WHERE id = $1 FOR UPDATE)
-SELECT run.workflow, run.version, CASE WHEN row_number() OVER () = 1 THEN run.input END AS run_input,
-       t.id, t.node_id, t.state, t.attempt, t.lease_owner, t.output,
-       coalesce(t.lease_expires_at >= now(), false) AS lease_live
-  FROM run, task_instances t
- WHERE t.run_id = $1
-"""
 _INSERT_RUN = """
 INSERT INTO runs (id, workflow, version, state, input, idempotency_key)
 VALUES ($1, $2, $3, 'RUNNING', $4::jsonb, $5)
@@ -323,10 +313,15 @@ class RunEngine:
                 error=f"output is {len(report.output_json)} bytes, over the limit of {self._max_output_bytes} (MAX_OUTPUT_BYTES)",
             )
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(_LOCK_RUN_WITH_TASKS, report.run_id)
-            if not rows:
+            run = await conn.fetchrow(_LOCK_RUN, report.run_id)
+            if run is None:
                 return await self._ignore(conn, report, "unknown run")
-            run = {"workflow": rows[0]["workflow"], "version": rows[0]["version"], "input": rows[0]["run_input"]}
+            # A statement of its own, started after the lock is held: under READ
+            # COMMITTED it sees every report committed before ours. (Reading the
+            # tasks in the locking statement would use a snapshot taken before
+            # the wait, and a fan-in completed by two concurrent reports would
+            # never queue its join.)
+            rows = await conn.fetch(_TASKS, report.run_id)
             row = next((r for r in rows if r["id"] == report.task_id), None)
             if row is None:
                 return await self._ignore(conn, report, "unknown task")

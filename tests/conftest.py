@@ -117,3 +117,7 @@ async def coordinator_process(
     yield start
     for process in started:
         process.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False, help="run the long fault-injection soak")

@@ -501,3 +501,50 @@ async def test_run_input_and_timings_are_reported(coordinator: CoordinatorHandle
 
 
 WorkerFactory = Callable[..., Any]
+
+
+async def test_concurrent_reports_of_a_fan_in_never_strand_the_join(coordinator: CoordinatorHandle) -> None:
+    """Regression (found by the fault storm): the second of two concurrent reports must see the first's commit.
+
+    Under READ COMMITTED, a statement that waits for the run lock still reads
+    the other rows from the snapshot it started with; the task rows must be
+    read by a statement that starts after the lock is held, or the join of a
+    fan-in that both reports complete is never queued.
+    """
+    await coordinator.register(
+        {
+            "name": "fanin",
+            "nodes": [
+                {"id": "a", "type": "HTTP", "request": {"url": "http://svc.local/a"}},
+                {"id": "b", "type": "HTTP", "request": {"url": "http://svc.local/b"}},
+                {"id": "c", "type": "HTTP", "depends_on": ["a", "b"], "request": {"url": "http://svc.local/c"}},
+            ],
+        }
+    )
+    run_ids = [await coordinator.start_run("fanin", {}) for _ in range(30)]
+
+    async def lease_and_report(run_id: str, task: pb.TaskInstance) -> None:
+        lease = await coordinator.stub.AcquireTaskLease(
+            pb.AcquireTaskLeaseRequest(
+                task_id=task.id, run_id=run_id, owner=f"w-{task.node_id}", ttl_seconds=30, attempt=1
+            )
+        )
+        assert lease.acquired
+        reply = await coordinator.stub.ReportTaskResult(
+            pb.ReportTaskResultRequest(
+                task_id=task.id,
+                run_id=run_id,
+                node_id=task.node_id,
+                attempt=1,
+                owner=f"w-{task.node_id}",
+                status="completed",
+                output=b"{}",
+            )
+        )
+        assert reply.applied
+
+    for run_id in run_ids:
+        tasks = {t.node_id: t for t in (await coordinator.get_run(run_id)).tasks}
+        await asyncio.gather(lease_and_report(run_id, tasks["a"]), lease_and_report(run_id, tasks["b"]))
+    joins = [next(t for t in (await coordinator.get_run(r)).tasks if t.node_id == "c") for r in run_ids]
+    assert [pb.TaskState.Name(t.state) for t in joins] == ["TASK_STATE_QUEUED"] * len(run_ids)
