@@ -44,14 +44,17 @@ ROUND_S = 34.0
 
 
 async def _submit(handle: CoordinatorHandle, sink: Sink, runs: int, duration_s: float, stage: Stage) -> list[str]:
-    """Starts `runs` storm runs at an even pace over `duration_s`."""
-    run_ids = []
+    """Starts `runs` storm runs in bursts, one burst a second over `duration_s`, so faults find a backlog."""
+    bursts = max(1, int(duration_s))
+    run_ids: list[str] = []
     started = time.monotonic()
-    for n in range(runs):
-        due = started + duration_s * n / runs
-        if (wait := due - time.monotonic()) > 0:
+    for burst in range(bursts):
+        if (wait := started + burst - time.monotonic()) > 0:
             await asyncio.sleep(wait)
-        run_ids.append(await start_run(handle, "storm", storm_input(sink.url, n), f"storm-{n}"))
+        numbers = range(burst * runs // bursts, (burst + 1) * runs // bursts)
+        run_ids += await asyncio.gather(
+            *(start_run(handle, "storm", storm_input(sink.url, n), f"storm-{n}") for n in numbers)
+        )
     stage.note(f"submitted {runs} runs")
     return run_ids
 
@@ -59,15 +62,16 @@ async def _submit(handle: CoordinatorHandle, sink: Sink, runs: int, duration_s: 
 async def _faults(stage: Stage, handle: CoordinatorHandle, sink: Sink, rounds: int) -> None:
     """The logged fault schedule; one round takes ROUND_S seconds."""
     n1, n2, n3 = stage.nodes
+    # Bursts of runs start on whole seconds; faults land 0.3 s into a burst.
     schedule: list[tuple[float, Any]] = [
-        (3, lambda: stage.kill_worker(n1)),
-        (7, lambda: stage.kill_coordinator(down_s=1.0)),
-        (13, stage.restart_redis),
-        (17, lambda: stage.kill_worker(n2)),
-        (21, lambda: stage.kill_langserver(n3, "langserver_python")),
-        (25, stage.flush_redis),
-        (28, lambda: stage.kill_langserver(n1, "langserver_js")),
-        (31, lambda: stage.kill_worker(n3)),
+        (3.3, lambda: stage.kill_worker(n1)),
+        (7.3, lambda: stage.kill_coordinator(down_s=1.0)),
+        (13.3, stage.restart_redis),
+        (17.3, lambda: stage.kill_worker(n2)),
+        (21.3, lambda: stage.kill_langserver(n3, "langserver_python")),
+        (25.3, stage.flush_redis),
+        (28.3, lambda: stage.kill_langserver(n1, "langserver_js")),
+        (31.3, lambda: stage.kill_worker(n3)),
     ]
     origin = time.monotonic()
     await asyncio.sleep(1)
@@ -148,7 +152,7 @@ async def test_the_stack_keeps_its_promises_under_a_fault_storm(
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             watcher = tg.create_task(stage.watch_progress(stop))
-            submitter = tg.create_task(_submit(handle, sink, runs, ROUND_S * rounds - 4, stage))
+            submitter = tg.create_task(_submit(handle, sink, runs, ROUND_S * rounds - 1, stage))
             await _faults(stage, handle, sink, rounds)
             run_ids = await submitter
             try:

@@ -31,7 +31,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from protos import workflow_pb2 as pb
-from supervisor.embedded import EmbeddedRedis
+from supervisor.embedded import EmbeddedRedis, EmbeddedServerError
 from tests.coordinator_harness import CoordinatorHandle, CoordinatorProcess
 from tests.supervisor_harness import SupervisorProcess
 
@@ -269,7 +269,7 @@ class Stage:
 
         async def act() -> None:
             await asyncio.to_thread(self.redis.kill)
-            await asyncio.to_thread(self.redis.start)
+            await self._start_redis()
 
         # Entries of the last second may be gone (AOF fsyncs every second): the
         # sweeper re-dispatches them after STALL_AFTER + SWEEP_INTERVAL.
@@ -300,6 +300,17 @@ class Stage:
         )
 
     # -- helpers ---------------------------------------------------------------
+
+    async def _start_redis(self, attempts: int = 3) -> None:
+        """Starts Redis again, as a service manager would (it retries a failed start)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                await asyncio.to_thread(self.redis.start)
+                return
+            except EmbeddedServerError as exc:
+                if attempt == attempts:
+                    raise
+                self.note(f"Redis did not start ({exc}); starting it again")
 
     async def _until(self, probe: Callable[[], bool], *, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
