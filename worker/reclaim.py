@@ -6,8 +6,10 @@ pending-entries list). Every worker runs one reclaimer per stream: every
 worker resets its entries' idle time on every lease renewal, so only a
 stopped or cut-off worker's entries qualify — and hands them to its executors
 like fresh ones. Reclaimed entries take execution slots like any other, so
-reclaim too respects the ``Concurrency`` bound; a worker with no free slot
-leaves the work to others.
+reclaim too respects the ``Concurrency`` bound; when there is something to
+reclaim and no slot is free, the reclaimer waits for the next free slot with
+priority over new reads (see ``SlotPool``), so orphans are not starved by a
+backlog.
 
 A message delivered more than ``MaxDeliveries`` times is probably crashing
 workers (an out-of-memory on a huge input, say). Instead of letting it take
@@ -96,9 +98,14 @@ class Reclaimer:
         """Runs one reclaim cycle over the stream's PEL; returns how many entries were claimed."""
         claimed = 0
         while True:
-            reserved = self._slots.try_reserve(MAX_BATCH)
-            if reserved == 0:
+            waiting = await self._consumer.count_idle(
+                min_idle_ms=self._min_idle_ms, held=self._pool.held_ids(self._consumer.stream), limit=MAX_BATCH
+            )
+            if waiting == 0:
                 return claimed
+            reserved = await self._slots.reserve(waiting, priority=True)
+            if reserved == 0:
+                return claimed  # the pool is closed: stopping
             handed = 0
             try:
                 self._cursor, entries = await self._consumer.reclaim(

@@ -5,6 +5,11 @@ it reads and asks Redis for exactly that many messages; reclaim does the same;
 an executor gives the slot back once the message is acked or left for reclaim.
 So the messages a worker holds — read but not yet handed to an executor, queued
 in the hand-off, or executing — never exceed N, however many streams it reads.
+
+Reclaim reserves with priority: while it waits, readers do not take freed
+slots, so the orphaned messages of a dead worker are run before new ones even
+when every worker of the fleet is busy (otherwise they would wait until the
+backlog drained, far beyond the TTL + reclaim interval the design promises).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class SlotPool:
         self._free = capacity
         self._changed = asyncio.Event()
         self._closed = False
+        self._priority_waiters = 0
 
     @property
     def free(self) -> int:
@@ -37,19 +43,30 @@ class SlotPool:
     def closed(self) -> bool:
         return self._closed
 
-    async def reserve(self, want: int) -> int:
+    async def reserve(self, want: int, *, priority: bool = False) -> int:
         """Waits for at least one free slot, then takes up to `want`.
+
+        Args:
+            priority: take precedence over non-priority callers: while a
+                priority caller waits, they do not get freed slots.
 
         Returns:
             How many slots were taken, or 0 once the pool is closed (the worker
             is stopping). Cancel-safe: nothing is taken until it returns.
         """
-        while not self._closed:
-            if self._free > 0:
-                return self.try_reserve(want)
-            self._changed.clear()
-            await self._changed.wait()
-        return 0
+        if priority:
+            self._priority_waiters += 1
+        try:
+            while not self._closed:
+                if self._free > 0 and (priority or self._priority_waiters == 0):
+                    return self.try_reserve(want)
+                self._changed.clear()
+                await self._changed.wait()
+            return 0
+        finally:
+            if priority:
+                self._priority_waiters -= 1
+                self._changed.set()  # readers that deferred to this caller look again
 
     def try_reserve(self, want: int) -> int:
         """Takes up to `want` free slots without waiting; 0 when none is free or the pool is closed."""

@@ -320,6 +320,23 @@ class StreamConsumer:
         ]
         return next_start, entries
 
+    async def count_idle(self, *, min_idle_ms: int, held: Sequence[str] = (), limit: int = 100) -> int:
+        """How many entries (up to `limit`) are idle at least `min_idle_ms` and not held by this consumer.
+
+        A look without a claim, so the reclaimer can wait for execution slots
+        before it takes anything.
+        """
+        pending: Any = await self._call(
+            "XPENDING (idle)",
+            lambda: self._redis.xpending_range(
+                self.stream, self.group, min="-", max="+", count=limit, idle=min_idle_ms
+            ),
+        )
+        held_ids = set(held)
+        return sum(
+            1 for p in pending if not (_text(p["message_id"]) in held_ids and _text(p["consumer"]) == self.consumer)
+        )
+
     async def ping(self) -> None:
         """Raises StreamUnavailable unless Redis answers."""
         try:

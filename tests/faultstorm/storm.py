@@ -117,7 +117,7 @@ class Stage:
         self.faults: list[Fault] = []
         self.log: list[str] = []
         self.started = time.time()
-        self._db: asyncpg.Connection | None = None
+        self._db: asyncpg.Pool | None = None
 
     async def __aenter__(self) -> Stage:
         await asyncio.to_thread(self.redis.start)
@@ -134,7 +134,7 @@ class Stage:
                 timeout_s=90,
                 what=f"{node.name} ready",
             )
-        self._db = await asyncpg.connect(self.database_url)
+        self._db = await asyncpg.create_pool(self.database_url, min_size=1, max_size=4)
         self.started = time.time()
         return self
 
@@ -174,7 +174,8 @@ class Stage:
         print(line, flush=True)
 
     @property
-    def db(self) -> asyncpg.Connection:
+    def db(self) -> asyncpg.Pool:
+        """Shared by the fault snapshots, the progress watcher and the final checks."""
         assert self._db is not None, "the stage is not started"
         return self._db
 

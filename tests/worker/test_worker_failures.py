@@ -214,7 +214,9 @@ async def test_renewal_transport_errors_are_not_a_lost_lease(
     proxy = TcpProxy(host, int(port))
     await proxy.start()
     try:
-        config = worker_config(proxy.addr, coordinator.redis_url, lease_ttl_s=6)
+        # TTL 10 s: the blip (two failed renewals) plus gRPC's reconnect backoff
+        # stays well inside the 9 s after which the worker would fence itself.
+        config = worker_config(proxy.addr, coordinator.redis_url, lease_ttl_s=10)
         async with in_process_worker(config) as worker:
             metrics = worker.worker.metrics
             run_id = await coordinator.start_run("blip", {"n": 1})

@@ -133,3 +133,25 @@ async def test_a_failing_handler_does_not_stop_its_executor(consumer: StreamCons
     assert slots.free == 1
     pool.close()
     await runner
+
+
+async def test_a_priority_reservation_gets_the_next_free_slot_before_waiting_readers() -> None:
+    """Reclaim goes first: orphans of a dead worker must not wait behind a backlog of new messages."""
+    slots = SlotPool(1)
+    assert await slots.reserve(1) == 1  # the only slot is busy
+    order: list[str] = []
+
+    async def take(name: str, priority: bool) -> None:
+        got = await slots.reserve(1, priority=priority)
+        order.append(name)
+        await asyncio.sleep(0)
+        slots.release(got)
+
+    reader = asyncio.create_task(take("reader", False))
+    await asyncio.sleep(0)  # the reader is waiting first...
+    reclaim = asyncio.create_task(take("reclaim", True))
+    await asyncio.sleep(0)
+    slots.release(1)  # ...but the freed slot goes to the reclaimer
+    await asyncio.gather(reader, reclaim)
+    assert order == ["reclaim", "reader"]
+    assert slots.free == 1
