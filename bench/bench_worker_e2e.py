@@ -68,8 +68,14 @@ def _ready(port: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def workers(count: int, *, coordinator_addr: str, redis_url: str, concurrency: int) -> AsyncIterator[None]:
-    """`count` worker processes, ready before the block starts; SIGTERMed and awaited after it."""
+async def workers(
+    count: int, *, coordinator_addr: str, redis_url: str, concurrency: int, lang_addrs: str | None = None
+) -> AsyncIterator[None]:
+    """`count` worker processes, ready before the block starts; SIGTERMed and awaited after it.
+
+    With `lang_addrs` (LANG_WORKER_ADDRS) they also serve the python and js queues.
+    """
+    lang_env = {"LANG_WORKER_ADDRS": lang_addrs, "WORKER_QUEUES": "http,python,js"} if lang_addrs else {}
     procs: list[subprocess.Popen[bytes]] = []
     ports = [free_port() for _ in range(count)]
     try:
@@ -85,6 +91,7 @@ async def workers(count: int, *, coordinator_addr: str, redis_url: str, concurre
                         "WORKER_ID": f"bench-worker-{i}",
                         "WORKER_METRICS_PORT": str(port),
                         "WORKER_LOG_LEVEL": "warning",
+                        **lang_env,
                     },
                 )
             )

@@ -52,11 +52,20 @@ RETURNING id
 _RUN_BY_KEY = """
 SELECT id, version FROM runs WHERE workflow = $1 AND idempotency_key = $2
 """
+# A new run's tasks are inserted in the state the planner decided for them
+# (roots QUEUED with their input, SWITCHes evaluated, the rest PENDING), so
+# starting a run writes each row once.
 _INSERT_TASKS = """
-INSERT INTO task_instances (run_id, id, node_id, node_type, queue, state, attempt, max_attempts)
-SELECT $1, t.id, t.node_id, t.node_type, t.queue, 'PENDING', 0, t.max_attempts
-  FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[])
-       AS t(id, node_id, node_type, queue, max_attempts)
+INSERT INTO task_instances (run_id, id, node_id, node_type, queue, state, attempt, max_attempts, input, output, error,
+                            next_attempt_at, started_at, finished_at)
+SELECT $1, t.id, t.node_id, t.node_type, t.queue, t.state, t.attempt, t.max_attempts, t.input::jsonb, t.output::jsonb,
+       t.error,
+       CASE WHEN t.state = 'QUEUED' THEN now() END,
+       CASE WHEN t.state = 'COMPLETED' THEN now() END,
+       CASE WHEN t.state IN ('COMPLETED', 'FAILED', 'SKIPPED') THEN now() END
+  FROM unnest($2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::int[], $9::text[], $10::text[],
+              $11::text[])
+       AS t(id, node_id, node_type, queue, state, attempt, max_attempts, input, output, error)
 """
 _QUEUE_TASKS = """
 UPDATE task_instances t
@@ -279,6 +288,8 @@ class RunEngine:
                 assert existing is not None, "the conflicting run exists"
                 return StartResult(run_id=existing["id"], version=existing["version"], created=False)
             nodes = workflow.nodes
+            tasks = {n.id: TaskView(id=str(task_ids[n.id]), node_id=n.id, state="PENDING", attempt=0) for n in nodes}
+            plan = plan_advance(workflow, run_input, tasks)
             await conn.execute(
                 _INSERT_TASKS,
                 run_id,
@@ -286,11 +297,23 @@ class RunEngine:
                 [n.id for n in nodes],
                 [n.type for n in nodes],
                 [n.queue for n in nodes],
+                [tasks[n.id].state for n in nodes],
+                [tasks[n.id].attempt for n in nodes],
                 [n.retry.max_attempts if n.is_task else 1 for n in nodes],
+                [json.dumps(plan.queue[n.id]) if n.id in plan.queue else None for n in nodes],
+                [json.dumps(plan.complete[n.id]) if n.id in plan.complete else None for n in nodes],
+                [plan.fail.get(n.id) for n in nodes],
             )
-            tasks = {n.id: TaskView(id=str(task_ids[n.id]), node_id=n.id, state="PENDING", attempt=0) for n in nodes}
-            plan = plan_advance(workflow, run_input, tasks)
-            await self._apply(conn, run_id, workflow, tasks, plan)
+            await self._insert_outbox(
+                conn,
+                [
+                    self._dispatch(workflow, workflow.by_id[n], run_id, task_ids[n], 1, task_input, 0.0)
+                    for n, task_input in plan.queue.items()
+                ],
+            )
+            if plan.run_state is not None:
+                output = plan.run_output if plan.run_state == "COMPLETED" else None
+                await conn.execute(_FINISH_RUN, run_id, plan.run_state, output, plan.run_error)
         self._on_change(run_id)
         return StartResult(run_id=run_id, version=version, created=True)
 
