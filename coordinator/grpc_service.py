@@ -118,6 +118,16 @@ def _uuid(value: str, field: str) -> uuid.UUID:
         raise InvalidRequest(field, f"must be a UUID, not {value[:64]!r}") from None
 
 
+def _attempt_ref(request: pb.ReleaseTaskLeaseRequest | pb.ReportTaskResultRequest) -> tuple[uuid.UUID, uuid.UUID, str]:
+    """Validates the (task_id, run_id, owner, attempt) that name one attempt of one task."""
+    task_id = _uuid(request.task_id, "task_id")
+    run_id = _uuid(request.run_id, "run_id")
+    owner = _required(request.owner, "owner")
+    if request.attempt < 1:
+        raise InvalidRequest("attempt", "must be at least 1")
+    return run_id, task_id, owner
+
+
 def _json(data: bytes, field: str, *, empty: Any) -> Any:
     if not data:
         return empty
@@ -218,11 +228,7 @@ class WorkflowService(pb_grpc.WorkflowServiceServicer):  # type: ignore[misc]
     async def ReleaseTaskLease(
         self, request: pb.ReleaseTaskLeaseRequest, context: Context
     ) -> pb.ReleaseTaskLeaseResponse:
-        task_id = _uuid(request.task_id, "task_id")
-        run_id = _uuid(request.run_id, "run_id")
-        owner = _required(request.owner, "owner")
-        if request.attempt < 1:
-            raise InvalidRequest("attempt", "must be at least 1")
+        run_id, task_id, owner = _attempt_ref(request)
         released = await self._engine.release(run_id, task_id, owner, request.attempt, request.reason[:1000])
         LEASES.labels("release", "granted" if released else "refused").inc()
         return pb.ReleaseTaskLeaseResponse(released=released)
@@ -231,11 +237,7 @@ class WorkflowService(pb_grpc.WorkflowServiceServicer):  # type: ignore[misc]
     async def ReportTaskResult(
         self, request: pb.ReportTaskResultRequest, context: Context
     ) -> pb.ReportTaskResultResponse:
-        task_id = _uuid(request.task_id, "task_id")
-        run_id = _uuid(request.run_id, "run_id")
-        owner = _required(request.owner, "owner")
-        if request.attempt < 1:
-            raise InvalidRequest("attempt", "must be at least 1")
+        run_id, task_id, owner = _attempt_ref(request)
         if request.status not in ("completed", "failed"):
             raise InvalidRequest("status", f"must be 'completed' or 'failed', not {request.status[:32]!r}")
         completed = request.status == "completed"
