@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -202,8 +202,7 @@ async def test_retry_honours_backoff_and_max_attempts(coordinator: CoordinatorHa
     )
     handler, times = _always_fails()
     async with worker_running(coordinator, handler) as worker:
-        run_id = await coordinator.wait_for_run(await coordinator.start_run("flaky"), timeout_s=20)
-    run = run_id
+        run = await coordinator.wait_for_run(await coordinator.start_run("flaky"), timeout_s=20)
     assert [m.attempt for m in worker.executions] == [1, 2, 3]
     assert times[1] - times[0] >= 0.4, "first retry waits the initial backoff"
     assert times[2] - times[1] >= 0.8, "second retry waits backoff x multiplier"
@@ -498,9 +497,6 @@ async def test_run_input_and_timings_are_reported(coordinator: CoordinatorHandle
     assert task.HasField("started_at") and task.HasField("finished_at")
     assert task.finished_at.ToDatetime() >= task.started_at.ToDatetime()
     assert (task.lease_owner, task.max_attempts, task.queue, task.node_type) == ("w1", 3, "http", "HTTP")
-
-
-WorkerFactory = Callable[..., Any]
 
 
 async def test_concurrent_reports_of_a_fan_in_never_strand_the_join(coordinator: CoordinatorHandle) -> None:

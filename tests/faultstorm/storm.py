@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -355,11 +354,3 @@ async def start_run(
             ):
                 raise
             await asyncio.sleep(0.2)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
